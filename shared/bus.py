@@ -1,0 +1,422 @@
+"""NATS plumbing every service uses: connect, ensure streams, publish, and the durable consumer loop.
+
+The consumer loop is where delivery guarantees live (docs/protocol.md, "Ack rules"):
+- messages are fetched in batches from a durable pull consumer and handled concurrently (bounded);
+- while a handler runs, in-progress acks keep JetStream from redelivering it;
+- success -> ack; `Transient` (or any other exception) -> nak with back-off, until the message has been
+  delivered `max_deliver` times; then, and for a message that cannot be decoded, a DeadLetter with the
+  original bytes and the reason goes to the DLQ stream and the message is terminated.
+- a message redelivered more than `max_deliver` times (its last handler crashed) is dead-lettered too;
+  the consumer itself has no server-side max_deliver, because a WorkQueue message that exhausts it is
+  never delivered again and silently stays in the stream (../shared/notes/measured.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext, api
+from nats.js.errors import BadRequestError, NotFoundError
+
+from shared import codec, subjects
+from shared.config import NatsConfig, StreamsConfig
+from shared.messages import DeadLetter, Event
+
+log = logging.getLogger("jetrl.bus")
+
+
+# --- connect --------------------------------------------------------------------------------------
+
+
+def _tls_context(cfg: NatsConfig) -> ssl.SSLContext | None:
+    if not (cfg.tls_ca or cfg.tls_cert):
+        return None
+    ctx = ssl.create_default_context(cafile=cfg.tls_ca or None)
+    if cfg.tls_cert:
+        ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
+    return ctx
+
+
+async def connect(cfg: NatsConfig, name: str = "jetrl", servers: list[str] | None = None) -> NATS:
+    """Connect with endless reconnects. The first connection is retried with exponential back-off."""
+
+    async def on_disconnect() -> None:
+        log.warning("nats: disconnected (%s); reconnecting", name)
+
+    async def on_reconnect() -> None:
+        log.info("nats: reconnected to %s (%s)", nc.connected_url.netloc if nc.connected_url else "?", name)
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats: %s: %s", type(exc).__name__, exc)
+
+    async def on_closed() -> None:
+        log.info("nats: connection closed (%s)", name)
+
+    opts: dict[str, Any] = dict(
+        name=cfg.name or name,
+        connect_timeout=cfg.connect_timeout_s,
+        allow_reconnect=True,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=cfg.reconnect_wait_s,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+        error_cb=on_error,
+        closed_cb=on_closed,
+        # Buffer publishes while reconnecting (bounded), instead of failing them at once.
+        pending_size=64 * 1024 * 1024,
+    )
+    if cfg.user:
+        opts.update(user=cfg.user, password=cfg.password)
+    if cfg.token:
+        opts["token"] = cfg.token
+    if cfg.creds_file:
+        opts["user_credentials"] = cfg.creds_file
+    if cfg.nkey_seed_file:
+        opts["nkeys_seed"] = cfg.nkey_seed_file
+    tls = _tls_context(cfg)
+    if tls is not None:
+        opts["tls"] = tls
+    wait = cfg.reconnect_wait_s
+    while True:
+        nc = NATS()
+        try:
+            await nc.connect(servers=servers or cfg.servers, **opts)
+            return nc
+        except (OSError, nats.errors.NoServersError, asyncio.TimeoutError, nats.errors.TimeoutError) as exc:
+            log.warning("nats: cannot connect to %s (%s); retrying in %.1fs", servers or cfg.servers, exc, wait)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, cfg.max_reconnect_wait_s)
+
+
+# --- streams --------------------------------------------------------------------------------------
+
+
+def stream_configs(cfg: StreamsConfig) -> list[api.StreamConfig]:
+    """The four streams of docs/protocol.md with retention and limits from config."""
+    storage = api.StorageType.FILE if cfg.storage == "file" else api.StorageType.MEMORY
+    common = dict(storage=storage, num_replicas=cfg.replicas, duplicate_window=cfg.duplicate_window_s,
+                  max_msg_size=cfg.max_msg_size)
+    return [
+        api.StreamConfig(name=subjects.PROMPTS_STREAM, subjects=subjects.STREAM_SUBJECTS[subjects.PROMPTS_STREAM],
+                         retention=api.RetentionPolicy.WORK_QUEUE, **common),
+        api.StreamConfig(name=subjects.TRAJECTORIES_STREAM,
+                         subjects=subjects.STREAM_SUBJECTS[subjects.TRAJECTORIES_STREAM],
+                         retention=api.RetentionPolicy.LIMITS, max_age=cfg.trajectories_max_age_s, **common),
+        api.StreamConfig(name=subjects.EVENTS_STREAM, subjects=subjects.STREAM_SUBJECTS[subjects.EVENTS_STREAM],
+                         retention=api.RetentionPolicy.LIMITS, max_msgs=cfg.events_max_msgs,
+                         max_age=cfg.events_max_age_s, discard=api.DiscardPolicy.OLD, **common),
+        api.StreamConfig(name=subjects.DLQ_STREAM, subjects=subjects.STREAM_SUBJECTS[subjects.DLQ_STREAM],
+                         retention=api.RetentionPolicy.LIMITS, max_age=cfg.dlq_max_age_s, **common),
+    ]
+
+
+def _differs(want: api.StreamConfig, have: api.StreamConfig) -> bool:
+    for f in ("subjects", "retention", "storage", "num_replicas", "duplicate_window", "max_msg_size", "max_age",
+              "max_msgs", "discard"):
+        w, h = getattr(want, f), getattr(have, f)
+        if w is None:
+            continue
+        if isinstance(w, float) or isinstance(h, float):
+            if abs(float(w or 0) - float(h or 0)) > 1e-6:
+                return True
+        elif w != h:
+            return True
+    return False
+
+
+async def ensure_streams(js: JetStreamContext, cfg: StreamsConfig) -> dict[str, str]:
+    """Create the streams and the weights KV bucket, or update them to match config. Idempotent.
+
+    Returns {stream name: "created" | "updated" | "unchanged"}.
+    """
+    result: dict[str, str] = {}
+    for want in stream_configs(cfg):
+        try:
+            info = await js.stream_info(want.name)
+        except NotFoundError:
+            await js.add_stream(want)
+            result[want.name] = "created"
+            continue
+        if _differs(want, info.config):
+            if want.retention != info.config.retention:
+                raise ValueError(
+                    f"stream {want.name} exists with retention {info.config.retention}, config wants "
+                    f"{want.retention}: JetStream cannot change retention; delete the stream first"
+                )
+            await js.update_stream(want)
+            result[want.name] = "updated"
+        else:
+            result[want.name] = "unchanged"
+    await ensure_weights_kv(js, cfg)
+    return result
+
+
+async def ensure_weights_kv(js: JetStreamContext, cfg: StreamsConfig):
+    storage = api.StorageType.FILE if cfg.storage == "file" else api.StorageType.MEMORY
+    try:
+        return await js.key_value(subjects.WEIGHTS_KV_BUCKET)
+    except (NotFoundError, nats.js.errors.BucketNotFoundError):
+        return await js.create_key_value(
+            api.KeyValueConfig(bucket=subjects.WEIGHTS_KV_BUCKET, history=16, storage=storage,
+                               replicas=cfg.replicas)
+        )
+
+
+# --- publish --------------------------------------------------------------------------------------
+
+
+def encode_checked(nc: NATS, msg: Any, subject: str = "") -> bytes:
+    """Encode `msg`, failing with MessageTooLarge (both sizes named) if the server would refuse it."""
+    data = codec.encode(msg)
+    limit = nc.max_payload
+    if limit and len(data) > limit:
+        raise codec.MessageTooLarge(msg.SCHEMA, len(data), limit, subject)
+    return data
+
+
+async def publish(js: JetStreamContext, nc: NATS, subject: str, msg: Any, msg_id: str | None = None,
+                  timeout: float = 10.0) -> api.PubAck:
+    """Publish one message to JetStream and wait for the stream's ack (dedup by `msg_id`)."""
+    data = encode_checked(nc, msg, subject)
+    headers = {subjects.MSG_ID_HEADER: msg_id} if msg_id else None
+    return await js.publish(subject, data, timeout=timeout, headers=headers)
+
+
+class EventPublisher:
+    """Publishes Events of one service to `jetrl.<run>.events.<service>`; never raises (events are best-effort
+    telemetry, the work they describe is already durable)."""
+
+    def __init__(self, js: JetStreamContext, nc: NATS, run: str, service: str, instance: str = ""):
+        self.js, self.nc, self.run, self.service, self.instance = js, nc, run, service, instance
+        self.subject = subjects.events(run, service)
+
+    async def emit(self, kind: str, data: dict | None = None, msg_id: str | None = None) -> None:
+        ev = Event(run=self.run, service=self.service, kind=kind, data=data or {}, instance=self.instance)
+        try:
+            await publish(self.js, self.nc, self.subject, ev, msg_id=msg_id, timeout=5.0)
+        except Exception as exc:
+            log.warning("event %s not published: %s", kind, exc)
+
+
+# --- the durable consumer loop --------------------------------------------------------------------
+
+
+class Transient(Exception):
+    """A handler failure worth retrying later (nak with back-off), e.g. a dependency is down."""
+
+
+@dataclass
+class ConsumerStats:
+    handled: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    in_progress_acks: int = 0
+
+
+Handler = Callable[[Any, Msg], Awaitable[None]]
+
+
+class ConsumerLoop:
+    """A durable pull consumer, fetched in batches, with concurrent handlers and DLQ on poison messages.
+
+    `handler(decoded_message, raw_msg)`; return normally to ack. Stop with `stop()`; `run()` returns
+    after in-flight handlers finish (their messages are acked or left for redelivery).
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        nc: NATS,
+        *,
+        run: str,
+        stream: str,
+        subject: str,
+        durable: str,
+        handler: Handler,
+        expect: type | tuple[type, ...] | None = None,
+        source: str = "",
+        batch: int = 16,
+        max_in_flight: int = 16,
+        ack_wait_s: float = 30.0,
+        max_deliver: int = 5,
+        nak_backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0),
+        fetch_timeout_s: float = 1.0,
+        deliver_policy: api.DeliverPolicy = api.DeliverPolicy.ALL,
+        opt_start_seq: int | None = None,
+        can_fetch: Callable[[], bool] | None = None,
+    ):
+        self.js, self.nc = js, nc
+        self.run_id, self.stream, self.subject, self.durable = run, stream, subject, durable
+        self.handler, self.expect = handler, expect
+        self.source = source or durable
+        self.batch, self.max_in_flight = batch, max_in_flight
+        self.ack_wait_s, self.max_deliver, self.nak_backoff_s = ack_wait_s, max_deliver, nak_backoff_s
+        self.fetch_timeout_s = fetch_timeout_s
+        self.deliver_policy, self.opt_start_seq = deliver_policy, opt_start_seq
+        self.can_fetch = can_fetch  # back-pressure hook: fetch only while it returns True
+        self.stats = ConsumerStats()
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._sub = None
+
+    def consumer_config(self) -> api.ConsumerConfig:
+        return api.ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_deliver=-1,  # counted by the loop itself, see the module docstring
+            filter_subject=self.subject,
+            deliver_policy=self.deliver_policy,
+            opt_start_seq=self.opt_start_seq,
+            max_ack_pending=max(1000, self.max_in_flight * 4),
+        )
+
+    async def _subscribe(self) -> None:
+        self._sub = await self.js.pull_subscribe(
+            self.subject, durable=self.durable, stream=self.stream, config=self.consumer_config()
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                if self._sub is None:
+                    await self._subscribe()
+                free = self.max_in_flight - len(self._tasks)
+                if free <= 0 or (self.can_fetch is not None and not self.can_fetch()):
+                    await self._wait_for_slot()
+                    continue
+                try:
+                    msgs = await self._sub.fetch(min(self.batch, free), timeout=self.fetch_timeout_s)
+                except (NatsTimeoutError, asyncio.TimeoutError):
+                    continue
+                backoff = 0.1
+                for m in msgs:
+                    await self._slots.acquire()
+                    t = asyncio.create_task(self._handle(m))
+                    self._tasks.add(t)
+                    t.add_done_callback(self._done)
+            except asyncio.CancelledError:
+                raise
+            except NotFoundError:
+                log.warning("consumer %s on %s vanished; re-creating", self.durable, self.stream)
+                self._sub = None
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception as exc:  # connection trouble: nats-py reconnects by itself, we wait
+                log.warning("consumer %s: fetch failed (%s: %s); retrying in %.1fs", self.durable,
+                            type(exc).__name__, exc, backoff)
+                if isinstance(exc, (BadRequestError,)):
+                    self._sub = None
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _sleep(self, s: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), s)
+
+    async def _wait_for_slot(self) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await self._sleep(0.05)
+
+    def _done(self, t: asyncio.Task) -> None:
+        self._tasks.discard(t)
+        self._slots.release()
+        if not t.cancelled() and t.exception() is not None:  # a bug in the loop itself; never silent
+            log.error("consumer %s: handler task crashed", self.durable, exc_info=t.exception())
+
+    async def _handle(self, m: Msg) -> None:
+        delivered = m.metadata.num_delivered if m.metadata else 1
+        if delivered > self.max_deliver:
+            await self.dead_letter(m, f"delivered {delivered} times without success (max_deliver="
+                                      f"{self.max_deliver}); the last attempt did not finish (handler crashed or "
+                                      f"timed out)")
+            return
+        try:
+            obj = codec.decode(m.data, self.expect)
+        except codec.DecodeError as exc:
+            await self.dead_letter(m, f"decode error: {exc}")
+            return
+        heartbeat = asyncio.create_task(self._heartbeat(m))
+        try:
+            await self.handler(obj, m)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats.failed += 1
+            if delivered >= self.max_deliver:
+                await self.dead_letter(m, f"handler failed on delivery {delivered}/{self.max_deliver}: "
+                                          f"{type(exc).__name__}: {exc}")
+            else:
+                delay = self.nak_backoff_s[min(delivered - 1, len(self.nak_backoff_s) - 1)]
+                log.warning("consumer %s: %s on delivery %d, retry in %.1fs: %s", self.durable,
+                            type(exc).__name__, delivered, delay, exc)
+                with contextlib.suppress(Exception):
+                    await m.nak(delay=delay)
+            return
+        finally:
+            heartbeat.cancel()
+        try:
+            await m.ack()
+            self.stats.handled += 1
+        except Exception as exc:  # connection lost: the message is redelivered, handlers are idempotent
+            log.warning("consumer %s: ack failed (%s); message will be redelivered", self.durable, exc)
+
+    async def _heartbeat(self, m: Msg) -> None:
+        period = max(self.ack_wait_s / 3, 0.05)
+        while True:
+            await asyncio.sleep(period)
+            with contextlib.suppress(Exception):
+                await m.in_progress()
+                self.stats.in_progress_acks += 1
+
+    async def dead_letter(self, m: Msg, reason: str) -> None:
+        """Publish a DeadLetter for `m` (original bytes, subject, reason) and terminate `m`."""
+        md = m.metadata
+        seq = md.sequence.stream if md else 0
+        dl = DeadLetter(
+            run=self.run_id, source=self.source, subject=m.subject, reason=reason, original=bytes(m.data),
+            delivery_count=md.num_delivered if md else 1, stream=self.stream, stream_seq=seq,
+            headers={k: str(v) for k, v in (m.headers or {}).items()},
+        )
+        try:
+            await publish(self.js, self.nc, subjects.dlq(self.run_id, self.source), dl,
+                          msg_id=f"dlq:{self.stream}:{seq}" if seq else None)
+        except codec.MessageTooLarge:
+            dl.original = bytes(m.data[: 64 * 1024])
+            dl.reason += f" (original truncated from {len(m.data)} bytes to 64 KiB for the DLQ)"
+            await publish(self.js, self.nc, subjects.dlq(self.run_id, self.source), dl,
+                          msg_id=f"dlq:{self.stream}:{seq}" if seq else None)
+        except Exception as exc:
+            # Not dead-lettered: leave the message for redelivery rather than lose it.
+            log.error("consumer %s: could not publish dead letter (%s); leaving message for redelivery",
+                      self.durable, exc)
+            with contextlib.suppress(Exception):
+                await m.nak(delay=self.nak_backoff_s[-1])
+            return
+        self.stats.dead_lettered += 1
+        log.warning("consumer %s: dead-lettered %s seq %d: %s", self.durable, m.subject, seq, reason)
+        with contextlib.suppress(Exception):
+            await m.term()

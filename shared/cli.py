@@ -1,0 +1,92 @@
+"""The `jetrl` command. Each service adds its own subcommands from its `cli.py` (`register(app)`),
+so this file only knows the list of services; `jetrl nats` and `jetrl config` live here."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import threading
+
+import typer
+
+from shared import __version__
+from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit
+
+# Modules that add subcommands: (module, what it adds). A missing module is skipped.
+SERVICE_CLIS = [
+    "weight_store.cli",  # jetrl weights serve|...
+    "reward_service.cli",  # jetrl reward serve|score|check
+    "rollout_service.cli",  # jetrl rollout, jetrl eval
+    "trainer_service.cli",  # jetrl trainer
+    "controller.cli",  # jetrl controller, enqueue, status, up, demo
+]
+
+config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
+
+
+@config_app.command("show")
+def config_show(config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
+    """Print the resolved config (defaults + file + JETRL__* env + overrides) as YAML."""
+    from shared.config import dump_config
+
+    typer.echo(dump_config(load_or_exit(config, overrides)), nl=False)
+
+
+def nats_cmd(
+    port: int = typer.Option(4222, help="Client port."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (0.0.0.0 to serve other hosts)."),
+    store_dir: str = typer.Option("jetrl-nats", help="JetStream store dir (kept across restarts)."),
+    max_payload_mb: int = typer.Option(8, help="Largest message in MiB (NATS default is 1)."),
+    sync_interval: str = typer.Option("2m", help="JetStream fsync interval, or 'always'."),
+    user: str = typer.Option("", help="Require this user (with --password)."),
+    password: str = typer.Option("", help="Password for --user."),
+    token: str = typer.Option("", help="Require this token."),
+) -> None:
+    """Run the embedded nats-server (JetStream on) in the foreground until Ctrl-C."""
+    from shared.natsd import EmbeddedNats
+
+    srv = EmbeddedNats(store_dir, port=port, host=host, max_payload=max_payload_mb * 1024 * 1024,
+                       sync_interval=sync_interval, user=user, password=password, token=token)
+    srv.start()
+    typer.echo(f"nats-server {srv.url} (JetStream store {srv.store_dir}, log {srv.log_file}); Ctrl-C to stop")
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        while not done.wait(0.5):
+            if srv.proc is None or srv.proc.poll() is not None:
+                typer.secho("nats-server exited", fg="red", err=True)
+                raise typer.Exit(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(help="jetrl: asynchronous RL for LLM agents over NATS JetStream.", no_args_is_help=True,
+                      pretty_exceptions_show_locals=False)
+    app.command("nats")(nats_cmd)
+    app.add_typer(config_app, name="config")
+
+    @app.command("version")
+    def version() -> None:
+        """Print the jetrl version."""
+        typer.echo(__version__)
+
+    for name in SERVICE_CLIS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        mod.register(app)
+    return app
+
+
+def main() -> None:
+    build_app()()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Sections several services read: the off-policy schedule, the model, telemetry."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from shared.config.base import Section
+
+
+class ScheduleConfig(Section):
+    """The off-policy contract shared by the controller (admission), rollout and trainer (filtering)."""
+
+    max_staleness: int = Field(
+        4,
+        ge=0,
+        description="Largest allowed (trainer version - oldest token version) of a trained sample. "
+        "0 with blocking releases is the synchronous baseline.",
+    )
+    batch_size: int = Field(8, ge=1, description="Trajectory groups per optimizer step.")
+    total_steps: int = Field(0, ge=0, description="Stop after this many published versions (0 = until the data ends).")
+
+
+class ModelConfig(Section):
+    """The policy model. Either `path` (a HF model dir or hub id) or `tiny` (built from a config)."""
+
+    path: str = Field("", description="Hugging Face model dir or hub id ('' = build the tiny model below).")
+    tokenizer: str = Field("", description="Tokenizer dir or hub id ('' = same as path, or the tiny task tokenizer).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype: auto = float32 on CPU, bfloat16 on GPU."
+    )
+    tiny_layers: int = Field(2, ge=1, description="Tiny model: transformer layers.")
+    tiny_hidden: int = Field(64, ge=8, description="Tiny model: hidden size.")
+    tiny_heads: int = Field(4, ge=1, description="Tiny model: attention heads.")
+    seed: int = Field(0, description="Seed for the tiny model's initial weights.")
+    trust_remote_code: bool = Field(False, description="Pass trust_remote_code to transformers.")
+
+
+class TelemetryConfig(Section):
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    log_format: Literal["text", "json"] = Field("text", description="text for terminals, json for log shippers.")
+    metrics_port: int = Field(
+        0, ge=-1, le=65535, description="Prometheus /metrics port of this process (0 = a free port, -1 = off)."
+    )
+    metrics_host: str = Field("127.0.0.1", description="Bind address of the metrics endpoint.")
+    events_interval_s: float = Field(5.0, gt=0, description="How often a service publishes a metrics Event.")

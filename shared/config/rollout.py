@@ -1,0 +1,31 @@
+"""Rollout workers: workflow, inference engine, concurrency."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from shared.config.base import Section
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
+    max_new_tokens: int = Field(64, ge=1, description="Generated tokens per turn.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop token ids (EOS always stops).")
+    seed: int | None = Field(None, description="Sampling seed (None = random).")
+
+
+class RolloutConfig(Section):
+    engine: Literal["local", "vllm", "sglang", "sim"] = Field("local", description="Inference engine.")
+    workflow: str = Field(
+        "single_turn",
+        description="single_turn | multi_turn | tool_agent | 'package.module:Class' (a user workflow).",
+    )
+    group_size: int = Field(4, ge=1, description="Samples per prompt (the GRPO group).")
+    max_in_flight: int = Field(8, ge=1, description="Prompt tasks one worker runs at once.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    device: str = Field("cpu", description="Local engine: torch device.")

