@@ -1,0 +1,1 @@
+"""Inference engines behind one interface (base.py); `make_engine` picks one from the run config."""
