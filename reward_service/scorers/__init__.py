@@ -1,0 +1,117 @@
+"""Scorers: plain functions `fn(completion: str, reference, payload: dict) -> float | (float, dict) | Score`.
+
+A scorer scores ONE completion; the engine (reward_service/engine.py) runs it over a group, catches
+its exceptions and enforces time limits. A scorer module may define `configure(reward_cfg)` (called
+at start and in each pool worker) and `warmup()` (called in each pool worker before it takes jobs).
+Built-in scorers are named by task; a custom scorer is named by import path
+'package.module:function' (config `reward.scorer`). Each built-in declares where it runs best (`MODES`): `inline` in the event loop (cheap, linear-time pure Python), `thread` (waits on
+a subprocess) or `process` (CPU-heavy: a killable process pool).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from math import isfinite
+from typing import Any
+
+ScorerFn = Callable[[str, Any, dict], Any]
+
+
+@dataclass
+class Score:
+    """The outcome of scoring one completion. `error` set means the scorer could not score it (reward 0)."""
+
+    reward: float = 0.0
+    metrics: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+# task name -> import path of its scorer
+BUILTIN: dict[str, str] = {
+    "gsm8k": "reward_service.scorers.gsm8k:score",
+    "math": "reward_service.scorers.math:score",
+    "exact": "reward_service.scorers.exact:score",
+    "regex": "reward_service.scorers.regex:score",
+    "code": "reward_service.scorers.code:score",
+    "maxdigit": "reward_service.scorers.maxdigit:score",
+}
+
+# Where each built-in runs when `reward.executor` is `auto`. Custom scorers run in threads.
+MODES: dict[str, str] = {
+    "gsm8k": "inline",
+    "exact": "inline",
+    "maxdigit": "inline",
+    "regex": "process",  # a user pattern can backtrack for ever: only a process can be killed
+    "math": "process",  # sympy is CPU-heavy and can hang; math-verify's own alarm works in a main thread
+    "code": "thread",  # the sandbox is a subprocess with its own limits; the thread only waits on it
+}
+
+
+class ScorerError(ValueError):
+    """A scorer name or import path that cannot be resolved."""
+
+
+def scorer_ref(task: str, scorer: str = "") -> str:
+    """Import path of the scorer serving `task`: the custom one if given, else the built-in."""
+    if scorer:
+        return scorer
+    if task not in BUILTIN:
+        raise ScorerError(
+            f"reward task {task!r} has no built-in scorer (built-ins: {', '.join(sorted(BUILTIN))}); "
+            "set reward.scorer to 'package.module:function'"
+        )
+    return BUILTIN[task]
+
+
+_CACHE: dict[str, ScorerFn] = {}
+
+
+def load_scorer(ref: str) -> ScorerFn:
+    """Import 'package.module:function' and return the callable (cached)."""
+    fn = _CACHE.get(ref)
+    if fn is not None:
+        return fn
+    if ref in BUILTIN:
+        ref = BUILTIN[ref]
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ScorerError(f"scorer {ref!r} is not an import path of the form 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ScorerError(f"scorer {ref!r}: cannot import module {module_name!r} ({exc})") from None
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ScorerError(f"scorer {ref!r}: module {module_name!r} has no attribute {attr!r}")
+    if not callable(obj):
+        raise ScorerError(f"scorer {ref!r} is a {type(obj).__name__}, not a callable")
+    _CACHE[ref] = obj
+    return obj
+
+
+def to_score(value: Any) -> Score:
+    """Normalise what a scorer returned: a number, (number, metrics) or a Score."""
+    if isinstance(value, Score):
+        out = value
+    elif isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+        out = Score(reward=value[0], metrics=value[1])
+    else:
+        out = Score(reward=value)
+    if isinstance(out.reward, bool) or not isinstance(out.reward, (int, float)):
+        return Score(0.0, {}, f"scorer returned {type(out.reward).__name__}, expected a number")
+    reward = float(out.reward)
+    if not isfinite(reward):
+        return Score(0.0, out.metrics, f"scorer returned a non-finite reward ({reward})")
+    return Score(reward, out.metrics if isinstance(out.metrics, dict) else {}, out.error)
+
+
+def call_scorer(fn: ScorerFn, completion: str, reference: Any, payload: dict) -> Score:
+    """Run a scorer on one completion; an exception becomes a Score with the error and reward 0."""
+    try:
+        return to_score(fn(completion, reference, payload))
+    except Exception as exc:  # a scorer failure is a result, never a crash
+        return Score(0.0, {}, f"{type(exc).__name__}: {exc}"[:2000])
