@@ -2,13 +2,17 @@
 
 The consumer loop is where delivery guarantees live (docs/protocol.md, "Ack rules"):
 - messages are fetched in batches from a durable pull consumer and handled concurrently (bounded);
-- while a handler runs, in-progress acks keep JetStream from redelivering it;
+  with few slots free it waits up to 50 ms for more before fetching, so quick handlers get big fetches;
+- while a handler runs, in-progress acks (one heartbeat task for all handlers, every ack_wait/3) keep
+  JetStream from redelivering it;
 - success -> ack; `Transient` (or any other exception) -> nak with back-off, until the message has been
   delivered `max_deliver` times; then, and for a message that cannot be decoded, a DeadLetter with the
   original bytes and the reason goes to the DLQ stream and the message is terminated.
 - a message redelivered more than `max_deliver` times (its last handler crashed) is dead-lettered too;
   the consumer itself has no server-side max_deliver, because a WorkQueue message that exhausts it is
   never delivered again and silently stays in the stream (../shared/notes/measured.md).
+- cancelling `run()` cancels its handlers (no ack: redelivered after ack_wait, like a crash); `stop()`
+  lets them finish and returns after the current fetch (at most fetch_timeout_s).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ async def connect(cfg: NatsConfig, name: str = "jetrl", servers: list[str] | Non
     """Connect with endless reconnects. The first connection is retried with exponential back-off."""
 
     async def on_disconnect() -> None:
+        if nc.is_closed:  # close() reports a disconnect too
+            return
         log.warning("nats: disconnected (%s); reconnecting", name)
 
     async def on_reconnect() -> None:
@@ -192,6 +198,20 @@ async def publish(js: JetStreamContext, nc: NATS, subject: str, msg: Any, msg_id
     return await js.publish(subject, data, timeout=timeout, headers=headers)
 
 
+async def publish_async(js: JetStreamContext, nc: NATS, subject: str, msg: Any,
+                        msg_id: str | None = None) -> asyncio.Future:
+    """Send one message to JetStream without waiting for its ack; returns a future of the PubAck.
+
+    In-flight publishes are bounded by the JetStream context (`publish_async_max_pending`, 4000 by
+    default; this call waits for a slot). The future has no timeout of its own: await it with
+    `asyncio.wait_for(fut, timeout)`, or await `js.publish_async_completed()`. Large messages fail
+    here, before sending, with MessageTooLarge.
+    """
+    data = encode_checked(nc, msg, subject)
+    headers = {subjects.MSG_ID_HEADER: msg_id} if msg_id else None
+    return await js.publish_async(subject, data, headers=headers)
+
+
 class EventPublisher:
     """Publishes Events of one service to `jetrl.<run>.events.<service>`; never raises (events are best-effort
     telemetry, the work they describe is already durable)."""
@@ -268,6 +288,9 @@ class ConsumerLoop:
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._slots = asyncio.Semaphore(max_in_flight)
+        self._slot_freed = asyncio.Event()  # set when enough slots are free for a refill fetch
+        self._refill = max(1, min(batch, max_in_flight) // 2)
+        self._running: dict[int, list] = {}  # id(msg) -> [msg, time of start or last in-progress ack]
         self._sub = None
 
     def consumer_config(self) -> api.ConsumerConfig:
@@ -295,7 +318,29 @@ class ConsumerLoop:
         return len(self._tasks)
 
     async def run(self) -> None:
+        """Fetch and handle until `stop()`. Cancelling run() cancels its handlers too (their messages
+        are neither acked nor nak'ed, so JetStream redelivers them after ack_wait)."""
+        heartbeat = asyncio.create_task(self._heartbeats())
+        try:
+            await self._fetch_loop()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            tasks = list(self._tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            heartbeat.cancel()
+
+    async def _fetch_loop(self) -> None:
         backoff = 0.1
+        # Refill in batches: with few free slots and handlers still running, wait (<= 50 ms) for more
+        # to free up, so quick handlers get one big fetch instead of a round trip per message.
+        refill = self._refill
+        clock = asyncio.get_running_loop().time
+        short_since: float | None = None
         while not self._stop.is_set():
             try:
                 if self._sub is None:
@@ -304,6 +349,13 @@ class ConsumerLoop:
                 if free <= 0 or (self.can_fetch is not None and not self.can_fetch()):
                     await self._wait_for_slot()
                     continue
+                if free < refill and self._tasks:
+                    if short_since is None:
+                        short_since = clock()
+                    if clock() - short_since < 0.05:
+                        await self._wait_for_slot()
+                        continue
+                short_since = None
                 try:
                     msgs = await self._sub.fetch(min(self.batch, free), timeout=self.fetch_timeout_s)
                 except (NatsTimeoutError, asyncio.TimeoutError):
@@ -328,27 +380,32 @@ class ConsumerLoop:
                     self._sub = None
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _sleep(self, s: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop.wait(), s)
 
     async def _wait_for_slot(self) -> None:
+        """Until enough handlers finished for a refill (an event set by _done), at most 50 ms."""
+        self._slot_freed.clear()
         if self._tasks:
-            await asyncio.wait(self._tasks, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), 0.05)
+            await asyncio.sleep(0)  # let handlers that finished alongside report back
         else:
             await self._sleep(0.05)
 
     def _done(self, t: asyncio.Task) -> None:
         self._tasks.discard(t)
         self._slots.release()
+        if not self._tasks or self.max_in_flight - len(self._tasks) >= self._refill:
+            self._slot_freed.set()
         if not t.cancelled() and t.exception() is not None:  # a bug in the loop itself; never silent
             log.error("consumer %s: handler task crashed", self.durable, exc_info=t.exception())
 
     async def _handle(self, m: Msg) -> None:
-        delivered = m.metadata.num_delivered if m.metadata else 1
+        md = m.metadata
+        delivered = md.num_delivered if md else 1
         if delivered > self.max_deliver:
             await self.dead_letter(m, f"delivered {delivered} times without success (max_deliver="
                                       f"{self.max_deliver}); the last attempt did not finish (handler crashed or "
@@ -359,7 +416,8 @@ class ConsumerLoop:
         except codec.DecodeError as exc:
             await self.dead_letter(m, f"decode error: {exc}")
             return
-        heartbeat = asyncio.create_task(self._heartbeat(m))
+        key = id(m)
+        self._running[key] = [m, asyncio.get_running_loop().time()]  # for _heartbeats
         try:
             await self.handler(obj, m)
         except asyncio.CancelledError:
@@ -377,20 +435,29 @@ class ConsumerLoop:
                     await m.nak(delay=delay)
             return
         finally:
-            heartbeat.cancel()
+            self._running.pop(key, None)
         try:
+            # Fire-and-forget ack (no round trip per message). If it is lost (connection drop), the
+            # message is redelivered after ack_wait: handlers are idempotent (at-least-once).
             await m.ack()
             self.stats.handled += 1
-        except Exception as exc:  # connection lost: the message is redelivered, handlers are idempotent
+        except Exception as exc:
             log.warning("consumer %s: ack failed (%s); message will be redelivered", self.durable, exc)
 
-    async def _heartbeat(self, m: Msg) -> None:
+    async def _heartbeats(self) -> None:
+        """One task for all handlers: every handler running longer than ack_wait/3 gets an in-progress
+        ack each ack_wait/3, so JetStream does not redeliver a message whose handler is still working."""
         period = max(self.ack_wait_s / 3, 0.05)
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(period)
-            with contextlib.suppress(Exception):
-                await m.in_progress()
-                self.stats.in_progress_acks += 1
+            await asyncio.sleep(period / 2)
+            now = loop.time()
+            for entry in list(self._running.values()):
+                if now - entry[1] >= period:
+                    entry[1] = now
+                    with contextlib.suppress(Exception):
+                        await entry[0].in_progress()
+                        self.stats.in_progress_acks += 1
 
     async def dead_letter(self, m: Msg, reason: str) -> None:
         """Publish a DeadLetter for `m` (original bytes, subject, reason) and terminate `m`."""

@@ -8,11 +8,19 @@ microseconds to encode (see ../shared/notes/measured.md: a list of ints is ~45x 
 Versioning: additive changes (a new optional field) keep `v`; a receiver keeps fields it does not
 know in `extra` and writes them back on re-encode, so a relay never loses them. A change that breaks
 old readers bumps `v`; a reader refuses a message whose `v` is newer than the one it knows.
+
+Speed: each message class is compiled once (on first use) into a table of per-field encoder and
+decoder functions, so no `dataclasses.fields` or type-code parsing happens per message. Decoders
+raise a private `_Bad` carrying a path relative to the value; the levels above prepend their field
+name or list index only on the error path, and the public functions turn it into `DecodeError`
+("TrajectoryGroup.samples[0].tokens: ..."). Decoded arrays are read-only views of the message bytes
+(np.frombuffer, zero copy); `.copy()` one to modify it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -41,23 +49,50 @@ class MessageTooLarge(ValueError):
             f"raise max_payload on the server (jetrl's embedded server and compose file use 8 MiB) "
             f"or send fewer/shorter samples per group"
         )
+        self.schema = schema
         self.size = size
         self.limit = limit
+        self.subject = subject
+
+
+class _Bad(Exception):
+    """Internal: a decode failure at `path` (relative to the value being decoded)."""
+
+    def __init__(self, reason: str, path: str = ""):
+        self.reason = reason
+        self.path = path
 
 
 def pack_array(values: Any, kind: str) -> bytes:
     """Pack a sequence or numpy array as little-endian bytes of the wire dtype of `kind`."""
-    return np.ascontiguousarray(values, dtype=ARRAY_DTYPES[kind]).tobytes()
+    dtype = ARRAY_DTYPES[kind]
+    if type(values) is np.ndarray and values.dtype == dtype:
+        return values.tobytes()
+    return np.ascontiguousarray(values, dtype=dtype).tobytes()
+
+
+def _array_decoder(kind: str) -> Callable[[Any], np.ndarray]:
+    dtype = ARRAY_DTYPES[kind]
+    size = dtype.itemsize
+
+    def dec(raw: Any) -> np.ndarray:
+        if type(raw) is not bytes and not isinstance(raw, (bytes, bytearray, memoryview)):
+            raise _Bad(f"expected packed {kind} bytes, got {type(raw).__name__}")
+        if len(raw) % size:
+            raise _Bad(f"{len(raw)} bytes is not a whole number of {kind} items ({size} bytes each)")
+        return np.frombuffer(raw, dtype=dtype)
+
+    return dec
 
 
 def unpack_array(raw: bytes, kind: str, where: str) -> np.ndarray:
-    dtype = ARRAY_DTYPES[kind]
-    if not isinstance(raw, (bytes, bytearray, memoryview)):
-        raise DecodeError(where, f"expected packed {kind} bytes, got {type(raw).__name__}")
-    if len(raw) % dtype.itemsize:
-        raise DecodeError(where, f"{len(raw)} bytes is not a whole number of {kind} items ({dtype.itemsize} bytes each)")
-    return np.frombuffer(raw, dtype=dtype)
+    try:
+        return _ARRAY_DECODERS[kind](raw)
+    except _Bad as bad:
+        raise DecodeError(where + bad.path, bad.reason) from None
 
+
+_ARRAY_DECODERS = {kind: _array_decoder(kind) for kind in ARRAY_DTYPES}
 
 _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
@@ -70,65 +105,287 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _check_scalar(value: Any, code: str, where: str) -> Any:
-    if code == "any":
-        return value
-    types = _SCALAR_TYPES[code]
+# --- scalar decoders (each: value -> value, or raise _Bad) ------------------------------------------
+
+
+def _got(value: Any) -> str:
+    return type(value).__name__
+
+
+def _dec_str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise _Bad(f"expected str, got {_got(v)}")
+
+
+def _dec_int(v: Any) -> int:
+    if type(v) is int:
+        return v
     # bool is an int subclass in Python, but never a valid int/float on our wire.
-    if isinstance(value, bool) and code in ("int", "float"):
-        raise DecodeError(where, f"expected {code}, got bool")
-    if not isinstance(value, types):
-        raise DecodeError(where, f"expected {code}, got {type(value).__name__}")
-    if code == "float":
-        return float(value)
-    if code == "list":
-        return list(value)
-    if code == "bytes":
-        return bytes(value)
-    return value
+    if isinstance(v, bool):
+        raise _Bad("expected int, got bool")
+    if isinstance(v, int):
+        return int(v)
+    raise _Bad(f"expected int, got {_got(v)}")
 
 
-def decode_value(value: Any, code: str, where: str) -> Any:
-    optional = code.endswith("?")
-    if optional:
-        if value is None:
-            return None
-        code = code[:-1]
-    if code in ARRAY_DTYPES:
-        return unpack_array(value, code, where)
-    if code.startswith("list[") and code.endswith("]"):
-        inner = code[5:-1]
-        items = _check_scalar(value, "list", where)
-        return [decode_value(item, inner, f"{where}[{i}]") for i, item in enumerate(items)]
-    if code in _SCALAR_TYPES or code == "any":
-        return _check_scalar(value, code, where)
-    nested = NESTED.get(code)
-    if nested is None:  # pragma: no cover - a bug in a schema definition, not bad input
-        raise TypeError(f"unknown field type code {code!r}")
-    if not isinstance(value, dict):
-        raise DecodeError(where, f"expected a {code} map, got {type(value).__name__}")
-    return decode_fields(nested, value, where)
+def _dec_float(v: Any) -> float:
+    if type(v) is float:
+        return v
+    if isinstance(v, bool):
+        raise _Bad("expected float, got bool")
+    if isinstance(v, (float, int)):
+        return float(v)
+    raise _Bad(f"expected float, got {_got(v)}")
 
 
-def encode_value(value: Any, code: str) -> Any:
-    if code.endswith("?"):
-        if value is None:
-            return None
-        code = code[:-1]
-    if code in ARRAY_DTYPES:
-        return pack_array(value, code)
-    if code.startswith("list[") and code.endswith("]"):
-        inner = code[5:-1]
-        return [encode_value(item, inner) for item in value]
-    if code in NESTED:
-        return encode_fields(value)
-    return value
+def _dec_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    raise _Bad(f"expected bool, got {_got(v)}")
 
+
+def _dec_bytes(v: Any) -> bytes:
+    if type(v) is bytes:
+        return v
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v)
+    raise _Bad(f"expected bytes, got {_got(v)}")
+
+
+def _dec_map(v: Any) -> dict:
+    if isinstance(v, dict):
+        return v
+    raise _Bad(f"expected map, got {_got(v)}")
+
+
+def _dec_list(v: Any) -> list:
+    if type(v) is list:
+        return v
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    raise _Bad(f"expected list, got {_got(v)}")
+
+
+def _dec_any(v: Any) -> Any:
+    return v
+
+
+_SCALAR_DECODERS: dict[str, Callable[[Any], Any]] = {
+    "str": _dec_str,
+    "int": _dec_int,
+    "float": _dec_float,
+    "bool": _dec_bool,
+    "bytes": _dec_bytes,
+    "map": _dec_map,
+    "list": _dec_list,
+    "any": _dec_any,
+}
+
+
+def _check_scalar(value: Any, code: str, where: str) -> Any:
+    try:
+        return _SCALAR_DECODERS[code](value)
+    except _Bad as bad:
+        raise DecodeError(where + bad.path, bad.reason) from None
+
+
+# --- per-class compiled tables ----------------------------------------------------------------------
 
 # name -> dataclass for nested (envelope-less) structures such as Sample.
 NESTED: dict[str, type] = {}
 # schema name -> message dataclass.
 SCHEMAS: dict[str, type] = {}
+
+_MISSING = object()
+
+
+class _Compiled:
+    """Encoder/decoder of one message class, built once from its `metadata={"wire": code}`.
+
+    `decode(data, envelope)` and `encode(obj)` are generated Python functions with the field names
+    and the common type checks written out (`type(v) is str`, packed arrays straight to
+    np.frombuffer); anything else (a subclass, an optional, a list, a nested structure, an error)
+    goes to the general per-code function, so both paths accept and refuse exactly the same input.
+    """
+
+    __slots__ = ("cls", "specs", "names", "known", "known_envelope", "decode", "encode", "source")
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.specs: list[tuple[str, str, bool]] = []
+        ns: dict[str, Any] = {"_Bad": _Bad, "_MISSING": _MISSING, "_new": cls.__new__, "_cls": cls,
+                              "_frombuffer": np.frombuffer, "_ndarray": np.ndarray, "_extras": self._extras}
+        dec_lines = ["def decode(data, envelope):", "    get = data.get", "    found = 2 if envelope else 0"]
+        enc_lines = ["def encode(obj):", "    d = obj.__dict__", "    out = {"]
+        values = []
+        for i, f in enumerate(dataclasses.fields(cls)):
+            if f.name == "extra":
+                continue
+            name, code = f.name, f.metadata["wire"]
+            has_factory = f.default_factory is not dataclasses.MISSING
+            required = f.default is dataclasses.MISSING and not has_factory
+            self.specs.append((name, code, required))
+            ns[f"dec{i}"] = _decoder(code)
+            if has_factory:
+                ns[f"factory{i}"] = f.default_factory
+                missing = f"v = factory{i}()"
+            elif required:
+                missing = f"raise _Bad('required field is missing', {'.' + name!r})"
+            else:
+                ns[f"default{i}"] = f.default
+                missing = f"v = default{i}"
+            dec_lines += [f"    v = get({name!r}, _MISSING)", "    if v is _MISSING:", f"        {missing}",
+                          "    else:", "        found += 1", "        try:"]
+            if code in ARRAY_DTYPES:
+                ns[f"dtype{i}"] = ARRAY_DTYPES[code]
+                dec_lines += [f"            if type(v) is bytes and not len(v) % {ARRAY_DTYPES[code].itemsize}:",
+                              f"                v = _frombuffer(v, dtype{i})", "            else:",
+                              f"                v = dec{i}(v)"]
+            elif code in _EXACT_TYPES:
+                ns[f"type{i}"] = _EXACT_TYPES[code]
+                dec_lines += [f"            if type(v) is not type{i}:", f"                v = dec{i}(v)"]
+            elif code != "any":
+                dec_lines += [f"            v = dec{i}(v)"]
+            else:
+                dec_lines += ["            pass"]
+            dec_lines += ["        except _Bad as bad:", f"            bad.path = {'.' + name!r} + bad.path",
+                          "            raise", f"    f{i} = v"]
+            values.append(f"{name!r}: f{i}")
+            enc = _encoder(code)
+            if enc is None:
+                enc_lines.append(f"        {name!r}: d[{name!r}],")
+            elif code in ARRAY_DTYPES:
+                ns[f"enc{i}"], ns[f"dtype{i}"] = enc, ARRAY_DTYPES[code]
+                enc_lines.append(f"        {name!r}: v.tobytes() if type(v := d[{name!r}]) is _ndarray "
+                                 f"and v.dtype is dtype{i} else enc{i}(v),")
+            else:
+                ns[f"enc{i}"] = enc
+                enc_lines.append(f"        {name!r}: enc{i}(d[{name!r}]),")
+        dec_lines += ["    extra = _extras(data, envelope) if len(data) > found else {}",
+                      "    obj = _new(_cls)", f"    obj.__dict__.update({{{', '.join(values)}, 'extra': extra}})"]
+        if callable(getattr(cls, "validate", None)):
+            dec_lines += ["    problem = obj.validate()", "    if problem:", "        raise _Bad(problem[1], problem[0])"]
+        dec_lines.append("    return obj")
+        enc_lines.append("    }")
+        enc_lines += ["    extra = d.get('extra')", "    if extra:", "        out = {**extra, **out}", "    return out"]
+        self.source = "\n".join(dec_lines) + "\n\n" + "\n".join(enc_lines) + "\n"
+        exec(compile(self.source, f"<jetrl codec for {cls.__name__}>", "exec"), ns)
+        self.decode, self.encode = ns["decode"], ns["encode"]
+        self.names = tuple(n for n, _, _ in self.specs)
+        self.known = frozenset(self.names)  # a nested structure: `schema`/`v` would be unknown fields
+        self.known_envelope = self.known | {"schema", "v"}
+
+    def _extras(self, data: dict, envelope: bool) -> dict:
+        """The keys of `data` that are not fields of this class (kept in `extra`, written back on encode)."""
+        known = self.known_envelope if envelope else self.known
+        extra = {}
+        for k, v in data.items():
+            if k not in known:
+                if not isinstance(k, str):
+                    raise _Bad(f"map key {k!r} is not a string")
+                extra[k] = v
+        return extra
+
+
+# Wire codes whose decoded value is exactly this Python type in the common case.
+_EXACT_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "bytes": bytes, "map": dict, "list": list}
+
+
+_COMPILED: dict[type, _Compiled] = {}
+
+
+def _compiled(cls: type) -> _Compiled:
+    comp = _COMPILED.get(cls)
+    if comp is None:
+        comp = _COMPILED[cls] = _Compiled(cls)
+    return comp
+
+
+def _decoder(code: str) -> Callable[[Any], Any]:
+    if code.endswith("?"):
+        inner = _decoder(code[:-1])
+
+        def optional(v: Any) -> Any:
+            return None if v is None else inner(v)
+
+        return optional
+    if code in _ARRAY_DECODERS:
+        return _ARRAY_DECODERS[code]
+    if code in _SCALAR_DECODERS:
+        return _SCALAR_DECODERS[code]
+    if code.startswith("list[") and code.endswith("]"):
+        item = _decoder(code[5:-1])
+
+        def list_of(v: Any) -> list:
+            if not isinstance(v, (list, tuple)):
+                raise _Bad(f"expected list, got {_got(v)}")
+            out = []
+            for i, x in enumerate(v):
+                try:
+                    out.append(item(x))
+                except _Bad as bad:
+                    bad.path = f"[{i}]{bad.path}"
+                    raise
+            return out
+
+        return list_of
+    if code in NESTED:
+        cls = NESTED[code]
+
+        def nested(v: Any) -> Any:
+            if not isinstance(v, dict):
+                raise _Bad(f"expected a {code} map, got {_got(v)}")
+            return _compiled(cls).decode(v, False)
+
+        return nested
+    raise TypeError(f"unknown field type code {code!r}")  # a bug in a schema definition, not bad input
+
+
+def _encoder(code: str) -> Callable[[Any], Any] | None:
+    """The function turning a field value into its wire value, or None when it goes on the wire as is."""
+    optional = code.endswith("?")
+    base = code[:-1] if optional else code
+    if base in ARRAY_DTYPES:
+        dtype = ARRAY_DTYPES[base]
+
+        def enc(v: Any) -> bytes:
+            if type(v) is np.ndarray and v.dtype is dtype:
+                return v.tobytes()
+            return np.ascontiguousarray(v, dtype=dtype).tobytes()
+
+    elif base.startswith("list[") and base.endswith("]"):
+        item = _encoder(base[5:-1])
+        if item is None:
+
+            def enc(v: Any) -> list:
+                return list(v)
+
+        else:
+
+            def enc(v: Any) -> list:
+                return [item(x) for x in v]
+
+    elif base in NESTED:
+
+        def enc(v: Any) -> dict:
+            return encode_fields(v)
+
+    elif base in _SCALAR_DECODERS:
+        return None
+    else:
+        raise TypeError(f"unknown field type code {code!r}")  # a bug in a schema definition
+    if not optional:
+        return enc
+    return lambda v: None if v is None else enc(v)
+
+
+def _decode_obj(comp: _Compiled, data: dict, envelope: bool = False) -> Any:
+    """Build comp.cls from a wire map; raises _Bad with a path relative to the object.
+
+    `envelope`: the map is a top-level message, whose `schema` and `v` keys were checked by the caller.
+    """
+    return comp.decode(data, envelope)
 
 
 def register_nested(cls: type) -> type:
@@ -143,49 +400,36 @@ def register_message(cls: type) -> type:
 
 def _field_specs(cls: type) -> list[tuple[str, str, bool]]:
     """(name, type code, required) of a message dataclass, from its `metadata={"wire": code}`."""
-    cached = cls.__dict__.get("_wire_specs")
-    if cached is not None:
-        return cached
-    specs = []
-    for f in dataclasses.fields(cls):
-        if f.name == "extra":
-            continue
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        specs.append((f.name, f.metadata["wire"], required))
-    cls._wire_specs = specs
-    return specs
+    return _compiled(cls).specs
+
+
+# --- public API -------------------------------------------------------------------------------------
+
+
+def decode_value(value: Any, code: str, where: str) -> Any:
+    """Decode one wire value of type `code` (see shared/messages.py); DecodeError names `where`."""
+    try:
+        return _decoder(code)(value)
+    except _Bad as bad:
+        raise DecodeError(where + bad.path, bad.reason) from None
+
+
+def encode_value(value: Any, code: str) -> Any:
+    enc = _encoder(code)
+    return value if enc is None else enc(value)
 
 
 def encode_fields(obj: Any) -> dict:
-    cls = type(obj)
-    out: dict[str, Any] = dict(obj.extra) if obj.extra else {}
-    for name, code, _ in _field_specs(cls):
-        out[name] = encode_value(getattr(obj, name), code)
-    return out
+    """The wire map of a message or nested structure, without `schema`/`v` (unknown fields first)."""
+    comp = _COMPILED.get(type(obj)) or _compiled(type(obj))
+    return comp.encode(obj)
 
 
 def decode_fields(cls: type, data: dict, where: str) -> Any:
-    kwargs: dict[str, Any] = {}
-    for name, code, required in _field_specs(cls):
-        if name in data:
-            kwargs[name] = decode_value(data[name], code, f"{where}.{name}")
-        elif required:
-            raise DecodeError(f"{where}.{name}", "required field is missing")
-    known = cls.__dict__["_wire_names"] if "_wire_names" in cls.__dict__ else None
-    if known is None:
-        known = {n for n, _, _ in _field_specs(cls)} | {"schema", "v"}
-        cls._wire_names = known
-    extra = {k: v for k, v in data.items() if k not in known}
-    for k in extra:
-        if not isinstance(k, str):
-            raise DecodeError(where, f"map key {k!r} is not a string")
-    obj = cls(**kwargs, extra=extra)
-    check = getattr(obj, "validate", None)
-    if check is not None:
-        problem = check()
-        if problem:
-            raise DecodeError(where + problem[0], problem[1])
-    return obj
+    try:
+        return _decode_obj(_compiled(cls), data)
+    except _Bad as bad:
+        raise DecodeError(where + bad.path, bad.reason) from None
 
 
 def to_wire(msg: Any) -> dict:
@@ -196,9 +440,13 @@ def to_wire(msg: Any) -> dict:
     return out
 
 
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+
+
 def encode(msg: Any) -> bytes:
     """Encode a registered message dataclass to msgpack bytes."""
-    return msgpack.packb(to_wire(msg), use_bin_type=True)
+    return _packb(to_wire(msg), use_bin_type=True)
 
 
 def decode(data: bytes, expect: type | tuple[type, ...] | None = None) -> Any:
@@ -207,7 +455,7 @@ def decode(data: bytes, expect: type | tuple[type, ...] | None = None) -> Any:
     `expect` restricts which message types are acceptable on this subject.
     """
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        raw = _unpackb(data, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for truncated / garbage input
         raise DecodeError("message", f"not valid msgpack ({type(exc).__name__}: {exc})") from None
     return from_wire(raw, expect)
@@ -222,13 +470,13 @@ def from_wire(raw: Any, expect: type | tuple[type, ...] | None = None) -> Any:
     cls = SCHEMAS.get(schema)
     if cls is None:
         raise DecodeError("message.schema", f"unknown schema {schema!r} (known: {', '.join(sorted(SCHEMAS))})")
-    if expect is not None:
+    if expect is not None and cls is not expect:
         allowed = expect if isinstance(expect, tuple) else (expect,)
         if cls not in allowed:
             names = ", ".join(c.SCHEMA for c in allowed)
             raise DecodeError("message.schema", f"got {schema}, expected {names} on this subject")
     v = raw.get("v")
-    if isinstance(v, bool) or not isinstance(v, int):
+    if type(v) is not int:
         raise DecodeError(f"{schema}.v", "missing or not an integer")
     if v > cls.V:
         raise DecodeError(
@@ -236,4 +484,7 @@ def from_wire(raw: Any, expect: type | tuple[type, ...] | None = None) -> Any:
         )
     if v < 1:
         raise DecodeError(f"{schema}.v", f"schema version {v} is invalid (versions start at 1)")
-    return decode_fields(cls, raw, schema)
+    try:
+        return _compiled(cls).decode(raw, True)
+    except _Bad as bad:
+        raise DecodeError(schema + bad.path, bad.reason) from None

@@ -198,7 +198,8 @@ class WeightVersion:
 class Event:
     """Metrics and lifecycle events. Subject `jetrl.<run>.events.<service>`.
 
-    kind examples: "metrics" (data: name -> number), "health", "trained", "dropped_stale", "started".
+    Kinds (docs/protocol.md, "Event kinds"): "health" (every service), "step" and "groups" (trainer),
+    "published" and "metrics" (rollout); readers ignore kinds they do not know.
     """
 
     SCHEMA = "Event"

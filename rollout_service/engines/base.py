@@ -24,6 +24,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (the stop string is kept in the output)
     stop_token_ids: list[int] = field(default_factory=list)  # in addition to the tokenizer's EOS
     seed: int | None = None
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks with fixed lengths)
 
     @classmethod
     def from_config(cls, cfg: SamplingConfig, overrides: dict[str, Any] | None = None) -> SamplingParams:
@@ -64,17 +65,19 @@ class Engine(abc.ABC):
     def version(self) -> int:
         """Policy version of the weights now loaded (tokens generated from now on carry it)."""
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 (optional hook)
         """Load the model / connect to the server. Called once before the first generate."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (optional hook)
         """Release resources; in-flight generations end with finish_reason "abort"."""
 
     @abc.abstractmethod
     async def generate(self, req: GenerateRequest) -> GenerateResult: ...
 
     @abc.abstractmethod
-    async def update_weights(self, version: int, path: str | None = None, state_dict: dict | None = None) -> None:
+    async def update_weights(
+        self, version: int, path: str | None = None, state_dict: dict | None = None
+    ) -> None:
         """Swap in new weights (from a model dir or an in-memory state dict) between decode steps;
         in-flight requests continue under the new weights and their next tokens carry `version`."""
 

@@ -1,4 +1,4 @@
-"""Controller: REST API, database, data dir."""
+"""Controller: REST API, database, data dir, release pacing."""
 
 from __future__ import annotations
 
@@ -16,3 +16,23 @@ class ControllerConfig(Section):
     )
     data_dir: str = Field("jetrl-data", description="Where uploaded datasets are stored.")
     token: str = Field("", description="Bearer token required for writes ('' = writes open).")
+    max_upload_mb: int = Field(
+        4096, ge=1, description="Largest dataset file accepted by upload or by server-side path, in MiB."
+    )
+    max_line_kb: int = Field(
+        8192, ge=1, description="Longest JSONL line (one dataset row) accepted, in KiB (NATS max_payload caps a prompt)."
+    )
+    max_errors: int = Field(10, ge=1, le=1000, description="Validation reports at most this many bad rows.")
+    path_roots: list[str] = Field(
+        default_factory=list,
+        description="Server-side dataset paths must lie under one of these dirs ([] = any readable path).",
+    )
+    hf_cache_dir: str = Field("", description="Cache dir of the `datasets` library ('' = <data_dir>/hf-cache).")
+    release_batch: int = Field(500, ge=1, le=100_000, description="Prompts written to the ledger and published per batch.")
+    release_rate: float = Field(
+        0.0, ge=0, description="Cap on prompts released per second per run (0 = as fast as admission allows)."
+    )
+    publish_timeout_s: float = Field(30.0, gt=0, description="Time to wait for JetStream to ack a batch of prompts.")
+    poll_interval_s: float = Field(
+        1.0, gt=0, description="The release loop re-checks admission at least this often, besides bus wake-ups."
+    )

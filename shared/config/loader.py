@@ -1,7 +1,9 @@
 """Load a config model from YAML, then environment variables, then `a.b.c=value` overrides.
 
 Precedence (later wins): model defaults < YAML file < env `JETRL__A__B=value` < command-line overrides.
-Values from env and overrides are parsed as YAML scalars/flow ("8", "true", "[a, b]").
+Values from env and overrides are parsed as YAML scalars/flow ("8", "true", "[a, b]"); where a string
+field gets one that YAML read as a number or bool (`run=123`, `nats.password=0042`), the original text
+is used.
 An invalid value raises ConfigError naming the file (and line, when it came from the file), the dotted
 field and the reason.
 """
@@ -115,24 +117,44 @@ def load_config(
         file_label = "<data>"
 
     env = os.environ if env is None else env
+    raw_text: dict[str, str] = {}  # dotted -> the text an env var / override gave, before YAML parsing
     for name, value in env.items():
         if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
             dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
             _set_dotted(merged, dotted, _parse_scalar(value), f"env {name}")
             origin[dotted] = f"env {name}"
+            raw_text[dotted] = value
     for item in overrides:
         dotted, value = parse_override(item)
         _set_dotted(merged, dotted, value, f"override {item!r}")
         origin[dotted] = f"override {item!r}"
+        raw_text[dotted] = item.partition("=")[2]
 
-    try:
-        return model.model_validate(merged)
-    except ValidationError as exc:
-        err = exc.errors()[0]
+    for _ in range(len(raw_text) + 1):
+        try:
+            return model.model_validate(merged)
+        except ValidationError as exc:
+            errors = exc.errors()
+            if not _use_raw_text_for_strings(merged, errors, raw_text):
+                break
+    err = errors[0]
+    dotted = ".".join(str(p) for p in err["loc"])
+    source = _origin_of(dotted, origin) or file_label or "config"
+    got = err.get("input")
+    shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool, type(None))) and err["loc"] else ""
+    more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    raise ConfigError(source, dotted, f"{err['msg']}{shown}{more}")
+
+
+def _use_raw_text_for_strings(merged: dict, errors: list, raw_text: dict[str, str]) -> bool:
+    """Where a string field got a YAML-parsed number/bool from env or an override, put back the text."""
+    changed = False
+    for err in errors:
         dotted = ".".join(str(p) for p in err["loc"])
-        source = _origin_of(dotted, origin) or file_label or "config"
-        more = f" (and {len(exc.errors()) - 1} more errors)" if len(exc.errors()) > 1 else ""
-        raise ConfigError(source, dotted, f"{err['msg']}{more}") from None
+        if err["type"] == "string_type" and dotted in raw_text and not isinstance(err.get("input"), str):
+            _set_dotted(merged, dotted, raw_text.pop(dotted), "")
+            changed = True
+    return changed
 
 
 def _origin_of(dotted: str, origin: dict[str, str]) -> str | None:
@@ -142,6 +164,9 @@ def _origin_of(dotted: str, origin: dict[str, str]) -> str | None:
         if key in origin:
             return origin[key]
         parts.pop()
+    for key, where in origin.items():  # a value set below this field (`run.x=1` for a string `run`)
+        if key.startswith(dotted + "."):
+            return where
     return None
 
 

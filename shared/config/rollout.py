@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field
 
 from shared.config.base import Section
+from shared.config.engines import LocalEngineConfig, SglangEngineConfig, SimEngineConfig, VllmEngineConfig
+from shared.config.workflows import MultiTurnConfig, ServiceConfig, ToolAgentConfig, ToolsConfig
 
 
 class SamplingConfig(Section):
@@ -17,6 +19,7 @@ class SamplingConfig(Section):
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop token ids (EOS always stops).")
     seed: int | None = Field(None, description="Sampling seed (None = random).")
+    ignore_eos: bool = Field(False, description="Do not stop at EOS (stop_token_ids still stop); for benchmarks.")
 
 
 class RolloutConfig(Section):
@@ -29,3 +32,12 @@ class RolloutConfig(Section):
     max_in_flight: int = Field(8, ge=1, description="Prompt tasks one worker runs at once.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     device: str = Field("cpu", description="Local engine: torch device.")
+    workflow_args: dict = Field(default_factory=dict, description="Keyword arguments for the workflow class.")
+    multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
+    tool_agent: ToolAgentConfig = Field(default_factory=ToolAgentConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+    local: LocalEngineConfig = Field(default_factory=LocalEngineConfig, description="engine=local options.")
+    vllm: VllmEngineConfig = Field(default_factory=VllmEngineConfig, description="engine=vllm options.")
+    sglang: SglangEngineConfig = Field(default_factory=SglangEngineConfig, description="engine=sglang options.")
+    sim: SimEngineConfig = Field(default_factory=SimEngineConfig, description="engine=sim options.")

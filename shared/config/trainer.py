@@ -1,18 +1,134 @@
-"""Trainer: algorithm, optimisation, backend, checkpoints."""
+"""Trainer: algorithm, optimisation, execution, backend, checkpoints and publishing.
+
+Formulas behind the algorithm options are in docs/algorithms.md; the intake and recovery design in
+docs/trainer.md.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shared.config.base import Section
 
 
+class AlgorithmConfig(Section):
+    """The policy-gradient objective (decoupled PPO with group-relative advantages)."""
+
+    adv_estimator: Literal["grpo", "grpo_nostd", "rloo", "reinforce"] = Field(
+        "grpo",
+        description="Advantage of a sample from its group's rewards: grpo = (r - mean) / (std + eps); "
+        "grpo_nostd = r - mean (Dr. GRPO); rloo = r - mean of the other samples; reinforce = r - batch mean.",
+    )
+    adv_eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing (grpo).")
+    eps_clip: float = Field(0.2, gt=0, description="PPO clip: ratio pi_theta/pi_prox is kept within [1-eps, 1+eps_high].")
+    eps_clip_high: float | None = Field(
+        None, gt=0, description="Upper clip (DAPO clip-higher); None = same as eps_clip."
+    )
+    behav_imp_weight_cap: float | None = Field(
+        5.0,
+        gt=0,
+        description="Cap of the decoupled importance weight pi_prox/pi_behav; tokens above it get weight 0 "
+        "(AReaL); None = no cap.",
+    )
+    behav_imp_weight_mode: Literal["mask", "truncate"] = Field(
+        "mask", description="Above the cap: mask = weight 0 (AReaL), truncate = clamp to the cap."
+    )
+    decoupled: bool = Field(
+        True,
+        description="Decoupled PPO: proximal logprobs recomputed by the trainer before the update. False = "
+        "standard PPO with the behaviour logprobs as the old policy (no recompute pass).",
+    )
+    normalisation: Literal["token", "sequence", "fixed"] = Field(
+        "token",
+        description="Loss normalisation: token = sum over all loss tokens / their count (DAPO); sequence = "
+        "mean over each sequence's tokens, then over sequences (GRPO); fixed = sum / (sequences x "
+        "norm_length) (Dr. GRPO).",
+    )
+    norm_length: int = Field(
+        0, ge=0, description="fixed normalisation: the constant length (0 = rollout.sampling.max_new_tokens)."
+    )
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference (initial) model; 0 = off.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of an entropy bonus (0 = only measured, not optimised).")
+    dynamic_filter: bool = Field(
+        False, description="Drop groups whose rewards are all equal (zero advantage; DAPO dynamic sampling)."
+    )
+    dynamic_filter_eps: float = Field(1e-6, ge=0, description="Rewards within this of each other count as equal.")
+
+
+class OptimConfig(Section):
+    """AdamW, gradient clipping and the learning-rate schedule."""
+
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, ge=0, description="Clip the global gradient norm to this (0 = off).")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="After warmup: constant, linear decay to min_lr_ratio, or cosine decay."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 to lr over this many optimizer steps.")
+    decay_steps: int = Field(
+        0, ge=0, description="Steps of linear/cosine decay after warmup (0 = schedule.total_steps, or 1000 if 0)."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Floor of the decay as a fraction of lr.")
+
+
+class MegatronConfig(Section):
+    """Megatron-Core backend (GPU only)."""
+
+    tensor_parallel: int = Field(1, ge=1, description="Tensor-parallel size.")
+    pipeline_parallel: int = Field(1, ge=1, description="Pipeline-parallel size (only 1 is supported).")
+    use_te: bool = Field(
+        False, description="Transformer Engine layer spec (fused layernorm in linear_qkv / linear_fc1) if installed."
+    )
+
+
 class TrainerConfig(Section):
     backend: Literal["fsdp", "megatron"] = Field("fsdp", description="Training backend.")
-    nproc: int = Field(1, ge=1, description="Processes (torchrun --nproc-per-node).")
-    lr: float = Field(1e-3, gt=0, description="Peak learning rate.")
-    checkpoint_dir: str = Field("jetrl-checkpoints", description="Where checkpoints are written.")
+    nproc: int = Field(1, ge=1, description="Processes (torchrun --nproc-per-node); >1 re-launches under torchrun.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Compute dtype: auto = float32 on CPU, bfloat16 (mixed precision) on GPU."
+    )
+    lr: float | None = Field(None, gt=0, description="Shortcut for optim.lr (kept for older configs).")
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    micro_batch_tokens: int = Field(
+        4096, ge=16, description="Token budget of one packed micro-batch (sequences are concatenated, no padding)."
+    )
+    activation_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto",
+        description="Attention over packed sequences: auto = flash_attention_2 on GPU when installed, else "
+        "varlen (causal SDPA per packed sequence, cost sum L^2); sdpa/eager = one block-diagonal mask built "
+        "from position_ids (cost T^2).",
+    )
+    checkpoint_dir: str = Field("jetrl-checkpoints", description="Where checkpoints are written (one dir per run).")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N optimizer steps.")
+    keep_checkpoints: int = Field(2, ge=1, description="Keep the newest N checkpoints.")
     publish_every: int = Field(1, ge=1, description="Publish weights every N optimizer steps.")
+    publisher: Literal["store", "directory"] = Field(
+        "store",
+        description="store = weight_store client + KV announcement; directory = write versions to publish_dir "
+        "and announce in the KV (for tests and single-host setups without the weight store service).",
+    )
+    publish_dir: str = Field("jetrl-published", description="Directory of the `directory` publisher.")
+    max_buffered_groups: int = Field(
+        0, ge=0, description="Intake holds at most this many groups waiting for a batch (0 = 4 x batch_size)."
+    )
+    seed: int = Field(0, description="Seed of the trainer's RNG (dropout, sampling in tests).")
+    dedup_window: int = Field(
+        100_000, ge=1, description="Group ids remembered (and checkpointed) to drop re-published duplicates."
+    )
+    ack_wait_s: float = Field(60.0, gt=0, description="Ack wait of the trajectory consumer.")
+
+    @model_validator(mode="after")
+    def _apply_lr_shortcut(self) -> TrainerConfig:
+        if self.lr is not None and self.optim.lr != self.lr:
+            self.optim.lr = self.lr
+        if self.megatron.pipeline_parallel != 1:
+            raise ValueError("trainer.megatron.pipeline_parallel: only 1 is supported")
+        return self

@@ -1,4 +1,4 @@
-"""Weight store: where versions live and how clients reach them."""
+"""Weight store: where versions live and how clients reach them (docs/weight_store.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ from shared.config.base import Section
 
 class WeightStoreConfig(Section):
     url: str = Field("http://127.0.0.1:8700", description="Base URL of the weight store HTTP service.")
-    root: str = Field("jetrl-weights", description="Directory the service stores versions in.")
+    root: str = Field(
+        "jetrl-weights",
+        description="Directory the service stores versions in; on a client, where that directory is mounted "
+        "(used in place when `shared_fs` is on and it holds the version).",
+    )
     host: str = Field("127.0.0.1", description="Bind address of `jetrl weights serve`.")
     port: int = Field(8700, ge=0, le=65535, description="Port of `jetrl weights serve` (0 = a free port).")
     token: str = Field("", description="Bearer token required for writes ('' = writes open).")
@@ -18,6 +22,25 @@ class WeightStoreConfig(Section):
     shared_fs: bool = Field(
         True, description="Clients read files in place when `root` is mounted on their host (zero copies)."
     )
+    verify_shared_sha256: bool = Field(
+        False, description="Shared filesystem: also check every file's sha256 (sizes are always checked)."
+    )
+    verify_sha256: bool = Field(True, description="HTTP fetch: check every downloaded file's sha256.")
     cache_dir: str = Field("", description="Where HTTP fetches land ('' = a dir under the system temp dir).")
-    shard_size_mb: int = Field(512, ge=1, description="Largest safetensors shard the client writes.")
+    cache_keep: int = Field(2, ge=1, description="HTTP fetches: newest versions of a run kept in cache_dir.")
+    shard_size_mb: int = Field(256, ge=1, description="Largest safetensors shard the client writes.")
     max_file_mb: int = Field(16384, ge=1, description="Largest file the service accepts in one upload.")
+    max_files: int = Field(1024, ge=1, description="Most files one version may hold.")
+    max_versions_per_run: int = Field(
+        0, ge=0, description="Refuse commits when a run already holds this many versions (0 = no limit)."
+    )
+    parallel_transfers: int = Field(4, ge=1, le=64, description="Files a client uploads or downloads at once.")
+    chunk_mb: int = Field(8, ge=1, le=256, description="Buffer size of one read/write in transfers (MiB).")
+    timeout_s: float = Field(60.0, gt=0, description="Client: socket timeout of one HTTP request.")
+    retries: int = Field(3, ge=0, description="Client: retries of a failed transfer (downloads resume).")
+    fsync: bool = Field(
+        False, description="Service: fsync files before a commit's rename (survives an OS crash; slower)."
+    )
+    staging_ttl_s: float = Field(
+        3600.0, gt=0, description="Service: uploads not committed within this time are discarded."
+    )

@@ -1,0 +1,355 @@
+"""REST routes of the controller, versioned under /v1 (OpenAPI at /openapi.json, docs at /docs).
+
+Writes (POST) need `Authorization: Bearer <controller.token>` when a token is configured. Every error
+is a 4xx JSON body {"detail": "what is wrong and what to fix", "errors": [...]}; reads are plain JSON.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import uuid
+from pathlib import Path as FsPath
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from controller import datasets as ds
+from controller import ledger, store
+from controller.store import ApiError
+
+log = logging.getLogger("jetrl.controller.api")
+
+RUN_ID = r"^[A-Za-z0-9_-]{1,64}$"
+DASHBOARD = FsPath(__file__).parent / "dashboard"
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="What is wrong and what to fix.")
+    errors: list[dict[str, Any]] = Field(default_factory=list, description="Per-row or per-field problems.")
+
+
+ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 503)}
+
+
+class PathDataset(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(description="A JSONL or Parquet file on the controller's host.", min_length=1, max_length=4096)
+    name: str = Field("", max_length=256, description="Display name ('' = the file name).")
+    format: Literal["auto", "jsonl", "parquet"] = "auto"
+    mapping: ds.FieldMapping = Field(default_factory=ds.FieldMapping)
+
+
+class HfDataset(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="Hub id (gsm8k), a local dataset dir, or a builder (json, parquet) with data_files.",
+                      min_length=1, max_length=512)
+    split: str = Field("train", min_length=1, max_length=128)
+    subset: str | None = Field(None, max_length=128, description="Dataset config name (e.g. 'main' for gsm8k).")
+    data_files: list[str] | None = Field(None, max_length=1000)
+    revision: str | None = Field(None, max_length=128)
+    display_name: str = Field("", max_length=256)
+    mapping: ds.FieldMapping = Field(default_factory=ds.FieldMapping)
+
+
+class EnqueueRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dataset: str = Field(description="Dataset id, content hash (prefix of >= 8) or name.", min_length=1, max_length=128)
+    epochs: int = Field(1, ge=1, le=10_000)
+    shuffle_seed: int | None = Field(None, ge=0, le=2**31 - 1, description="Shuffle rows per epoch (None = file order).")
+    limit: int | None = Field(None, ge=1, le=2**31 - 1, description="Use only the first N rows of the dataset.")
+
+
+bearer = HTTPBearer(auto_error=False, description="controller.token")
+
+
+def make_app(ctl) -> FastAPI:
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await ctl.start()
+        yield
+        await ctl.close()
+
+    app = FastAPI(title="jetrl controller", version="1", lifespan=lifespan,
+                  description="Datasets, runs, admission-controlled prompt release, and run telemetry.")
+    app.state.ctl = ctl
+    install_error_handlers(app)
+
+    def require_token(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        want = ctl.ccfg.token
+        if not want:
+            return
+        if cred is None or not hmac.compare_digest(cred.credentials.encode(), want.encode()):
+            raise ApiError(401, "missing or wrong bearer token: send 'Authorization: Bearer <controller.token>'")
+
+    v1 = APIRouter(prefix="/v1", responses=ERRORS)
+    write = [Depends(require_token)]
+
+    # --- datasets -----------------------------------------------------------------------------
+    def _normalize(path: FsPath, fmt: str, filename: str, mapping: ds.FieldMapping, name: str, source: str,
+                   ref: str) -> tuple[dict, bool]:
+        if fmt == "auto":
+            fmt = ds.sniff_format(path, filename)
+        if fmt == "parquet":
+            rows, unit = ds.read_parquet(path), "row"
+        else:
+            rows, unit = ds.read_jsonl(path, ctl.ccfg.max_line_kb * 1024), "line"
+        norm = ds.normalize(rows, mapping, ctl.data_dir / "datasets", max_errors=ctl.ccfg.max_errors,
+                            max_row_bytes=ctl.ccfg.max_line_kb * 1024, unit=unit)
+        return store.register_dataset(ctl.Session, norm, name, source, ref, fmt)
+
+    def _reply(d: dict, created: bool) -> JSONResponse:
+        return JSONResponse(dict(d, created=created), status_code=201 if created else 200)
+
+    @v1.post("/datasets", dependencies=write, status_code=201, summary="Register a dataset by upload")
+    def upload_dataset(file: UploadFile = File(description="JSONL (one JSON object per line) or Parquet."),
+                       name: str = Form("", max_length=256), format: Literal["auto", "jsonl", "parquet"] = Form("auto"),
+                       mapping: str = Form("", max_length=100_000,
+                                           description='Field mapping as JSON, e.g. {"prompt": "question"}')):
+        fm = _parse_mapping(mapping)
+        limit = ctl.ccfg.max_upload_mb * 1024 * 1024
+        tmp = ctl.data_dir / "uploads" / f"{uuid.uuid4().hex}.part"
+        try:
+            size = 0
+            with open(tmp, "wb") as out:
+                while chunk := file.file.read(1 << 20):
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError(413, f"upload is over {ctl.ccfg.max_upload_mb} MiB (controller.max_upload_mb): "
+                                            f"raise the limit or register the file by server-side path")
+                    out.write(chunk)
+            fname = file.filename or "upload"
+            return _reply(*_normalize(tmp, format, fname, fm, name or fname, "upload", fname))
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @v1.post("/datasets/path", dependencies=write, status_code=201, summary="Register a dataset by server-side path")
+    def path_dataset(req: PathDataset):
+        p = FsPath(req.path).expanduser()
+        try:
+            p = p.resolve()
+            ok = p.is_file()
+        except (OSError, RuntimeError, ValueError):
+            ok = False
+        if not ok:
+            raise ApiError(404, f"{req.path!r} is not a readable file on the controller's host")
+        roots = [FsPath(r).expanduser().resolve() for r in ctl.ccfg.path_roots]
+        if roots and not any(p.is_relative_to(r) for r in roots):
+            raise ApiError(403, f"{str(p)!r} is outside controller.path_roots {ctl.ccfg.path_roots}")
+        if p.stat().st_size > ctl.ccfg.max_upload_mb * 1024 * 1024:
+            raise ApiError(413, f"{str(p)!r} is over {ctl.ccfg.max_upload_mb} MiB (controller.max_upload_mb)")
+        return _reply(*_normalize(p, req.format, p.name, req.mapping, req.name or p.name, "path", str(p)))
+
+    @v1.post("/datasets/hf", dependencies=write, status_code=201, summary="Register a Hugging Face dataset")
+    def hf_dataset(req: HfDataset):
+        cache = ctl.ccfg.hf_cache_dir or str(ctl.data_dir / "hf-cache")
+        rows = ds.read_hf(req.name, req.split, req.subset, req.data_files, req.revision, cache)
+        norm = ds.normalize(rows, req.mapping, ctl.data_dir / "datasets", max_errors=ctl.ccfg.max_errors,
+                            max_row_bytes=ctl.ccfg.max_line_kb * 1024, unit="row")
+        ref = f"hf:{req.name}" + (f"/{req.subset}" if req.subset else "") + f"[{req.split}]"
+        return _reply(*store.register_dataset(ctl.Session, norm, req.display_name or ref, "hf", ref, "hf"))
+
+    @v1.get("/datasets", summary="List datasets")
+    def list_datasets(limit: int = Query(100, ge=1, le=10_000)) -> list[dict[str, Any]]:
+        from sqlalchemy import select
+
+        from controller.db import Dataset
+
+        with ctl.Session() as s:
+            return [store.dataset_dict(d) for d in s.scalars(select(Dataset).order_by(Dataset.id).limit(limit))]
+
+    @v1.get("/datasets/{dataset}", summary="One dataset (id, content hash or name)")
+    def get_dataset(dataset: str) -> dict[str, Any]:
+        with ctl.Session() as s:
+            return store.dataset_dict(store.find_dataset(s, dataset))
+
+    # --- runs ---------------------------------------------------------------------------------
+    run_body = {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"type": "object", "description": "A JetrlConfig (GET /v1/schema/run-config)"}},
+        "application/yaml": {"schema": {"type": "string", "description": "The same config as YAML"}},
+    }}}
+
+    @v1.post("/runs", dependencies=write, status_code=201, summary="Create a run from a config (JSON or YAML)",
+             openapi_extra=run_body)
+    async def create_run(request: Request):
+        body = await request.body()
+        if len(body) > 1 << 20:
+            raise ApiError(413, "run config is over 1 MiB")
+        ctype = request.headers.get("content-type", "application/json").lower()
+        cfg = store.parse_run_config(body, ctype)
+        run, created = await run_in_threadpool(store.create_run, ctl.Session, cfg)
+        ctl.run_changed(cfg.run)
+        return _reply(run, created)
+
+    @v1.get("/schema/run-config", summary="JSON schema of a run config")
+    def run_config_schema() -> dict[str, Any]:
+        from shared.config import JetrlConfig
+
+        return JetrlConfig.model_json_schema()
+
+    @v1.get("/runs", summary="List runs")
+    def list_runs() -> list[dict[str, Any]]:
+        from sqlalchemy import select
+
+        from controller.db import Run
+
+        with ctl.Session() as s:
+            return [store.run_dict(s, r) for r in s.scalars(select(Run).order_by(Run.created_at))]
+
+    @v1.get("/runs/{run}", summary="Run status, admission bound and ledger summary")
+    def get_run(run: str = _run_path()) -> dict[str, Any]:
+        with ctl.Session() as s:
+            return store.run_dict(s, store.get_run(s, run))
+
+    def _action(action: str):
+        def handler(run: str = _run_path()) -> dict[str, Any]:
+            out = store.set_status(ctl.Session, run, action)
+            ctl.run_changed(run)
+            return out
+
+        handler.__name__ = f"{action}_run"
+        return handler
+
+    for action in ("pause", "resume", "stop"):
+        v1.post(f"/runs/{{run}}/{action}", dependencies=write, summary=f"{action.capitalize()} a run")(_action(action))
+
+    @v1.post("/runs/{run}/enqueues", dependencies=write, status_code=201, summary="Enqueue a dataset into a run")
+    def enqueue(req: EnqueueRequest, run: str = _run_path()):
+        out, created = store.enqueue(ctl.Session, run, req.dataset, req.epochs, req.shuffle_seed, req.limit)
+        ctl.run_changed(run)
+        return _reply(out, created)
+
+    @v1.get("/runs/{run}/enqueues", summary="Enqueues of a run and how far each is released")
+    def list_enqueues(run: str = _run_path()) -> list[dict[str, Any]]:
+        from sqlalchemy import select
+
+        from controller.db import Enqueue
+
+        with ctl.Session() as s:
+            store.get_run(s, run)
+            return [store.enqueue_dict(e) for e in s.scalars(select(Enqueue).where(Enqueue.run_id == run).order_by(Enqueue.id))]
+
+    # --- reads --------------------------------------------------------------------------------
+    @v1.get("/runs/{run}/versions", summary="Weight versions announced on the bus")
+    def versions(run: str = _run_path()) -> list[dict[str, Any]]:
+        with ctl.Session() as s:
+            store.get_run(s, run)
+            return store.versions(s, run)
+
+    @v1.get("/runs/{run}/metrics", summary="Metric series {service.name: [[x, value], ...]}")
+    def metrics(run: str = _run_path(), name: list[str] = Query([], max_length=100),
+                limit: int = Query(20_000, ge=1, le=200_000)) -> dict[str, list[list[float]]]:
+        with ctl.Session() as s:
+            store.get_run(s, run)
+            return store.metric_series(s, run, name, limit)
+
+    @v1.get("/runs/{run}/staleness", summary="Staleness histogram of trained samples")
+    def staleness(run: str = _run_path(), last: int = Query(0, ge=0, le=1_000_000)) -> dict[str, int]:
+        with ctl.Session() as s:
+            store.get_run(s, run)
+            return store.staleness_hist(s, run, last)
+
+    @v1.get("/runs/{run}/events", summary="Events seen on the bus (after id, oldest first)")
+    def events(run: str = _run_path(), kind: str | None = Query(None, max_length=64),
+               service: str | None = Query(None, max_length=64), after: int = Query(0, ge=0, le=2**62),
+               limit: int = Query(200, ge=1, le=10_000)) -> list[dict[str, Any]]:
+        with ctl.Session() as s:
+            store.get_run(s, run)
+            return store.events(s, run, kind, service, after, limit)
+
+    @v1.get("/runs/{run}/ledger", summary="Where every released group stands")
+    def ledger_summary(run: str = _run_path()) -> dict[str, Any]:
+        with ctl.Session() as s:
+            r = store.get_run(s, run)
+            d = store.run_dict(s, r)
+            out = dict(ledger.summary(s, run), admission_bound=d["admission_bound"],
+                       current_version=r.current_version, enqueued=d["enqueued"])
+            return out
+
+    @v1.get("/runs/{run}/queues", summary="Queue depths on the bus (prompts, trajectories, dead letters)")
+    async def queues(run: str = _run_path()) -> dict[str, Any]:
+        def check():
+            with ctl.Session() as s:
+                store.get_run(s, run)
+
+        await run_in_threadpool(check)
+        return await ctl.queue_depths(run)
+
+    @v1.get("/health", summary="Controller health and every service seen on the bus")
+    def health() -> dict[str, Any]:
+        db = "ok"
+        services: list = []
+        try:
+            with ctl.Session() as s:
+                services = store.health(s, stale_after_s=3 * ctl.cfg.telemetry.events_interval_s + 5)
+        except Exception as exc:
+            db = f"{type(exc).__name__}: {exc}"
+        return {"status": "ok" if db == "ok" and ctl.ready else "degraded", "database": db, "nats": ctl.nats_state,
+                "services": services}
+
+    app.include_router(v1)
+
+    @app.get("/", include_in_schema=False)
+    def dashboard():
+        return FileResponse(DASHBOARD / "index.html", media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=DASHBOARD), name="static")
+    return app
+
+
+def _run_path():
+    from fastapi import Path
+
+    return Path(pattern=RUN_ID, description="Run id (A-Z a-z 0-9 _ -, 1-64 characters).")
+
+
+def _parse_mapping(text: str) -> ds.FieldMapping:
+    if not text.strip():
+        return ds.FieldMapping()
+    try:
+        return ds.FieldMapping.model_validate(json.loads(text))
+    except json.JSONDecodeError as exc:
+        raise ApiError(422, f'mapping is not valid JSON ({exc.msg}): send e.g. {{"prompt": "question"}}') from None
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        field = ".".join(str(p) for p in e["loc"]) or "mapping"
+        raise ApiError(422, f"mapping.{field}: {e['msg']} (keys: prompt, messages, reference, metadata)") from None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_req, exc: ApiError):
+        return JSONResponse({"detail": exc.message, "errors": exc.extra.get("errors", [])}, status_code=exc.status)
+
+    @app.exception_handler(ds.DatasetError)
+    async def dataset_error(_req, exc: ds.DatasetError):
+        return JSONResponse({"detail": exc.message, "errors": exc.errors}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_req, exc: RequestValidationError):
+        errs = exc.errors()
+        items = [{"field": ".".join(str(p) for p in e.get("loc", ())), "error": str(e.get("msg", ""))} for e in errs[:20]]
+        first = items[0] if items else {"field": "request", "error": "invalid"}
+        return JSONResponse({"detail": f"{first['field']}: {first['error']}", "errors": items}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_req, exc: StarletteHTTPException):
+        return JSONResponse({"detail": str(exc.detail), "errors": []}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal(_req, exc: Exception):  # a bug: logged with its traceback, answered without one
+        log.error("internal error", exc_info=exc)
+        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); see the controller log",
+                             "errors": []}, status_code=500)
+

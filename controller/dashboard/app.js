@@ -1,0 +1,176 @@
+// jetrl dashboard: polls the controller's JSON endpoints and draws uPlot charts (vendored, no CDN).
+"use strict";
+
+const POLL_MS = 2000;
+const COLORS = ["#1a73e8", "#e8711a", "#1f8a4c", "#b3261e", "#7b1fa2", "#00838f"];
+const state = { run: new URLSearchParams(location.search).get("run"), charts: {}, queueHistory: [] };
+
+async function getJSON(path) {
+  const r = await fetch(path, { cache: "no-store" });
+  if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
+  return r.json();
+}
+
+function el(tag, attrs = {}, text = "") {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (text !== "") e.textContent = text;
+  return e;
+}
+
+function badge(id, label, cls) {
+  const b = document.getElementById(id);
+  b.textContent = label;
+  b.className = "badge " + cls;
+}
+
+// Draw (or redraw) one chart. `xs` is shared by all series; `series` = [{label, values}].
+function chart(id, xs, series, opts = {}) {
+  const box = document.getElementById(id);
+  const points = xs.length;
+  box.dataset.points = String(points);
+  box.dataset.series = series.map((s) => s.label).join(",");
+  const key = id + "|" + box.dataset.series + "|" + (opts.bars ? "b" : "l");
+  const data = [xs, ...series.map((s) => s.values)];
+  const old = state.charts[id];
+  if (old && old.key === key) {
+    old.plot.setData(data);
+    return;
+  }
+  if (old) old.plot.destroy();
+  box.textContent = "";
+  if (!points) {
+    box.appendChild(el("div", { class: "empty" }, opts.empty || "no data yet"));
+    delete state.charts[id];
+    return;
+  }
+  const width = Math.max(320, box.clientWidth || 520);
+  const plot = new uPlot({
+    width, height: 220,
+    scales: opts.bars
+      ? { x: { time: false, range: (u, lo, hi) => [lo - 0.5, hi + 0.5] },
+          y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] } }
+      : { x: { time: !!opts.time } },
+    axes: [opts.bars ? { label: opts.xlabel || "", incrs: [1, 2, 5, 10, 20, 50] } : { label: opts.xlabel || "" }, {}],
+    series: [{ label: opts.xlabel || "x" }, ...series.map((s, i) => ({
+      label: s.label, stroke: COLORS[i % COLORS.length], width: 2,
+      fill: opts.bars ? COLORS[i % COLORS.length] + "88" : undefined,
+      paths: opts.bars ? uPlot.paths.bars({ size: [0.6, 60] }) : undefined,
+      points: { show: points < 60 },
+    }))],
+  }, data, box);
+  state.charts[id] = { key, plot };
+}
+
+// Merge {name: [[x, y], ...]} series onto one sorted x axis.
+function merge(seriesMap, names) {
+  const xsSet = new Set();
+  for (const n of names) for (const [x] of seriesMap[n]) xsSet.add(x);
+  const xs = [...xsSet].sort((a, b) => a - b);
+  const index = new Map(xs.map((x, i) => [x, i]));
+  const series = names.map((n) => {
+    const values = new Array(xs.length).fill(null);
+    for (const [x, y] of seriesMap[n]) values[index.get(x)] = y;
+    return { label: n, values };
+  });
+  return { xs, series };
+}
+
+function renderRuns(runs) {
+  const tbody = document.querySelector("#runs tbody");
+  tbody.textContent = "";
+  if (!runs.length) {
+    tbody.appendChild(el("tr")).appendChild(el("td", { colspan: 10, class: "empty" }, "no runs yet: POST /v1/runs"));
+    return;
+  }
+  if (!state.run || !runs.some((r) => r.id === state.run)) state.run = runs[runs.length - 1].id;
+  for (const r of runs) {
+    const l = r.ledger;
+    const tr = el("tr", { class: "run" + (r.id === state.run ? " selected" : ""), "data-run": r.id });
+    for (const v of [r.id, r.status, r.current_version < 0 ? "none yet" : r.current_version, l.released, l.in_flight, l.trained, l.dropped_stale,
+                     l.filtered, l.dead_lettered, r.admission_bound]) tr.appendChild(el("td", {}, String(v)));
+    tr.onclick = () => { state.run = r.id; state.queueHistory = []; refresh(); };
+    tbody.appendChild(tr);
+  }
+  document.getElementById("run-name").textContent = "(" + state.run + ")";
+}
+
+function renderHealth(h) {
+  badge("nats-badge", "nats " + h.nats, h.nats === "connected" ? "ok" : "warn");
+  badge("db-badge", "db " + (h.database === "ok" ? "ok" : "error"), h.database === "ok" ? "ok" : "bad");
+  const tbody = document.querySelector("#health tbody");
+  tbody.textContent = "";
+  if (!h.services.length) {
+    tbody.appendChild(el("tr")).appendChild(el("td", { colspan: 5, class: "empty" }, "no service has reported yet"));
+    return;
+  }
+  for (const s of h.services) {
+    const tr = el("tr");
+    tr.appendChild(el("td", {}, s.run));
+    tr.appendChild(el("td", {}, s.service));
+    tr.appendChild(el("td", {}, s.instance));
+    const st = el("td");
+    st.appendChild(el("span", { class: "badge " + (s.alive ? "ok" : "bad") }, s.alive ? s.status : "silent"));
+    tr.appendChild(st);
+    tr.appendChild(el("td", {}, s.age_s.toFixed(1) + " s ago"));
+    tbody.appendChild(tr);
+  }
+}
+
+function renderMetrics(m) {
+  const rewardNames = Object.keys(m).filter((n) => /\.(reward_mean|accuracy|reward|acc)$/.test(n)).sort();
+  const r = merge(m, rewardNames);
+  chart("chart-reward", r.xs, r.series, { xlabel: "version", empty: "no trainer steps yet" });
+  const tpNames = Object.keys(m).filter((n) => /tokens_per_s$/.test(n)).sort();
+  const t = merge(m, tpNames.filter((n) => n.startsWith("trainer.")));
+  chart("chart-throughput", t.xs, t.series, { xlabel: "version", empty: "no throughput reported yet" });
+}
+
+function renderStaleness(hist) {
+  const xs = Object.keys(hist).map(Number).sort((a, b) => a - b);
+  chart("chart-staleness", xs, [{ label: "samples", values: xs.map((x) => hist[String(x)]) }],
+        { bars: true, xlabel: "staleness (versions)", empty: "no trained samples yet" });
+}
+
+function renderQueues(q) {
+  const box = document.getElementById("queues");
+  box.textContent = "";
+  const pick = (o, k) => (o && typeof o === "object" && o[k] != null ? o[k] : null);
+  const row = { t: Date.now() / 1000, prompts: pick(q.prompts, "pending") ?? q.prompts_in_stream,
+                generating: pick(q.prompts, "ack_pending"), trajectories: pick(q.trajectories, "pending") };
+  for (const [k, v] of [["prompts waiting", row.prompts], ["prompts being generated", row.generating],
+                        ["trajectories waiting", row.trajectories], ["dead letters", q.dead_letters_in_stream]]) {
+    box.appendChild(el("span", {}, k));
+    box.appendChild(el("span", {}, v == null ? "-" : String(v)));
+  }
+  state.queueHistory.push(row);
+  if (state.queueHistory.length > 300) state.queueHistory.shift();
+  const h = state.queueHistory;
+  chart("chart-queues", h.map((r) => r.t), [
+    { label: "prompts waiting", values: h.map((r) => r.prompts) },
+    { label: "trajectories waiting", values: h.map((r) => r.trajectories) },
+  ], { time: true, xlabel: "time" });
+}
+
+async function refresh() {
+  try {
+    const [health, runs] = await Promise.all([getJSON("/v1/health"), getJSON("/v1/runs")]);
+    renderHealth(health);
+    renderRuns(runs);
+    if (state.run) {
+      const base = "/v1/runs/" + encodeURIComponent(state.run);
+      const [m, hist, q] = await Promise.all([getJSON(base + "/metrics"), getJSON(base + "/staleness"),
+                                              getJSON(base + "/queues")]);
+      renderMetrics(m);
+      renderStaleness(hist);
+      renderQueues(q);
+    }
+    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    document.body.dataset.loaded = "1";
+  } catch (err) {
+    document.getElementById("updated").textContent = "error: " + err.message;
+  }
+}
+
+refresh();
+setInterval(refresh, POLL_MS);

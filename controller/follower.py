@@ -1,0 +1,232 @@
+"""The bus follower of one run: weight announcements, trainer/rollout events and dead letters -> SQL.
+
+- KV `jetrl_weights` key `<run>`: every WeightVersion is recorded and raises the admission bound.
+- `jetrl.<run>.events.>` (durable consumer `controller-events-<run>`): events are stored (health ones
+  only update the health table); trainer "step" and rollout "metrics" numbers become metric series;
+  trainer "groups" and rollout "published" move ledger rows forward.
+- `jetrl.<run>.dlq.>` (durable `controller-dlq-<run>`): the original message is decoded as a
+  PromptTask or TrajectoryGroup to find its group, which becomes dead_lettered.
+A redelivered event (stream sequence already stored) changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import nats
+from nats.aio.msg import Msg
+from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
+
+from controller import ledger
+from controller.db import (
+    DEAD_LETTERED,
+    DROPPED_STALE,
+    FILTERED,
+    RECEIVED,
+    TRAINED,
+    EventRow,
+    Health,
+    Metric,
+    Run,
+    WeightVersionRow,
+    now,
+)
+from shared import codec, subjects
+from shared.bus import ConsumerLoop
+from shared.messages import DeadLetter, Event, PromptTask, TrajectoryGroup, WeightVersion
+
+log = logging.getLogger("jetrl.controller.follower")
+
+KV_CHECK_S = 10.0  # a watcher that saw nothing this long is cross-checked with kv.get (heals a stalled watch)
+
+
+def clean_json(v, depth: int = 0):
+    """Event data as JSON both databases accept: no NaN/inf, no bytes, string keys, bounded depth."""
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else None
+    if isinstance(v, (str, bool)) or v is None:
+        return v
+    if isinstance(v, int):
+        return v if -(2**63) <= v < 2**63 else str(v)
+    if isinstance(v, (bytes, bytearray)):
+        return f"<{len(v)} bytes>"
+    if depth > 20:
+        return "<too deep>"
+    if isinstance(v, dict):
+        return {str(k): clean_json(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [clean_json(x, depth + 1) for x in v]
+    return str(v)
+
+
+def _int32(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and -(2**31) <= v < 2**31 else None
+
+
+def _numbers(data: dict) -> dict[str, float]:
+    return {str(k): float(v) for k, v in data.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300}
+
+
+def _ids(v) -> list[str]:
+    return [str(x) for x in v] if isinstance(v, list) else []
+
+
+def store_event(Session_, run_id: str, ev: Event, stream: str, seq: int | None) -> bool:
+    """Persist one event; returns True when ledger rows moved (admission may have room now)."""
+    ev.data = clean_json(ev.data) if isinstance(ev.data, dict) else {}
+    if ev.kind == "health":
+        instance = str(ev.instance or ev.data.get("instance") or "")
+        row = dict(run_id=run_id, service=ev.service[:64], instance=instance[:200],
+                   status=str(ev.data.get("status", "ok"))[:32], last_seen=ev.time, data=ev.data)
+        for _ in range(3):
+            try:
+                with Session_.begin() as s:
+                    s.merge(Health(**row))
+                break
+            except IntegrityError:  # a concurrent first insert of the same key: merge again
+                continue
+        return False
+    try:
+        with Session_.begin() as s:
+            s.add(EventRow(run_id=run_id, service=ev.service[:64], kind=ev.kind[:64], instance=ev.instance[:200],
+                           time=ev.time, data=ev.data, stream=stream, stream_seq=seq or None))
+            s.flush()
+            if ev.kind in ("step", "metrics"):
+                x = ev.data.get("version", ev.data.get("step")) if ev.kind == "step" else ev.time
+                if not isinstance(x, (int, float)) or isinstance(x, bool):
+                    x = ev.time
+                s.add_all([Metric(run_id=run_id, service=ev.service[:64], name=k[:128], x=float(x), value=v,
+                                  time=ev.time) for k, v in _numbers(ev.data).items()])
+    except IntegrityError:
+        return False  # already stored: a redelivery
+    moved = 0
+    if ev.kind == "groups":
+        version = _int32(ev.data.get("version"))
+        moved += ledger.mark(Session_, run_id, _ids(ev.data.get("trained")), TRAINED, trained_version=version)
+        moved += ledger.mark(Session_, run_id, _ids(ev.data.get("dropped_stale")), DROPPED_STALE)
+        moved += ledger.mark(Session_, run_id, _ids(ev.data.get("filtered")), FILTERED)
+    elif ev.kind == "published":
+        moved += ledger.mark(Session_, run_id, _ids(ev.data.get("group_ids")), RECEIVED)
+    return moved > 0
+
+
+def store_dead_letter(Session_, run_id: str, dl: DeadLetter, seq: int | None) -> bool:
+    group_id = None
+    try:
+        orig = codec.decode(dl.original, expect=(PromptTask, TrajectoryGroup))
+        group_id = orig.group_id
+    except codec.DecodeError:
+        pass
+    data = {"source": dl.source, "subject": dl.subject, "reason": dl.reason, "group_id": group_id,
+            "delivery_count": dl.delivery_count}
+    try:
+        with Session_.begin() as s:
+            s.add(EventRow(run_id=run_id, service=dl.source[:64], kind="dead_letter", instance="", time=dl.time,
+                           data=data, stream=subjects.DLQ_STREAM, stream_seq=seq or None))
+    except IntegrityError:
+        return False
+    if group_id is None:
+        return False
+    return ledger.mark(Session_, run_id, [group_id], DEAD_LETTERED, reason=f"{dl.source}: {dl.reason}") > 0
+
+
+def record_version(Session_, run_id: str, wv: WeightVersion) -> None:
+    if _int32(wv.version) is None or wv.version < 0:
+        log.warning("run %s: weight version %r is out of range; ignored", run_id, wv.version)
+        return
+    with Session_.begin() as s:
+        if s.get(WeightVersionRow, (run_id, wv.version)) is None:
+            s.add(WeightVersionRow(run_id=run_id, version=wv.version, step=_int32(wv.step) or 0, manifest_url=wv.manifest_url,
+                                   sha256=wv.sha256, created_at=wv.created_at, seen_at=now()))
+        s.execute(update(Run).where(Run.id == run_id, Run.current_version < wv.version)
+                  .values(current_version=wv.version, updated_at=now()))
+
+
+class RunFollower:
+    def __init__(self, ctl, run_id: str, releaser=None):
+        self.ctl, self.run_id, self.releaser = ctl, run_id, releaser
+        self.loops: list[ConsumerLoop] = []
+        self._tasks: list[asyncio.Task] = []
+        self._stop = asyncio.Event()
+
+    def start(self) -> None:
+        js, nc = self.ctl.js, self.ctl.nc
+        ev = ConsumerLoop(js, nc, run=self.run_id, stream=subjects.EVENTS_STREAM, subject=subjects.events_all(self.run_id),
+                          durable=subjects.controller_events_consumer(self.run_id), handler=self._on_event,
+                          expect=Event, batch=64, max_in_flight=4)
+        dlq = ConsumerLoop(js, nc, run=self.run_id, stream=subjects.DLQ_STREAM, subject=subjects.dlq_all(self.run_id),
+                           durable=subjects.controller_dlq_consumer(self.run_id), handler=self._on_dead_letter,
+                           expect=DeadLetter, batch=64, max_in_flight=4)
+        self.loops = [ev, dlq]
+        self._tasks = [asyncio.create_task(lp.run()) for lp in self.loops]
+        self._tasks.append(asyncio.create_task(self._watch_weights()))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for lp in self.loops:
+            lp.stop()
+        for t in self._tasks[2:]:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _freed(self) -> None:
+        if self.releaser is not None:
+            await self.releaser.refresh()
+
+    @staticmethod
+    def _seq(m: Msg) -> int | None:
+        return m.metadata.sequence.stream if m.metadata else None
+
+    async def _on_event(self, ev: Event, m: Msg) -> None:
+        if await asyncio.to_thread(store_event, self.ctl.Session, self.run_id, ev, subjects.EVENTS_STREAM, self._seq(m)):
+            await self._freed()
+
+    async def _on_dead_letter(self, dl: DeadLetter, m: Msg) -> None:
+        if await asyncio.to_thread(store_dead_letter, self.ctl.Session, self.run_id, dl, self._seq(m)):
+            await self._freed()
+
+    async def _version_seen(self, raw: bytes) -> None:
+        try:
+            wv = codec.decode(raw, expect=WeightVersion)
+        except codec.DecodeError as exc:
+            log.warning("run %s: undecodable weight announcement ignored: %s", self.run_id, exc)
+            return
+        await asyncio.to_thread(record_version, self.ctl.Session, self.run_id, wv)
+        if self.releaser is not None:
+            self.releaser.set_version(wv.version)
+
+    async def _watch_weights(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            watcher = None
+            try:
+                kv = await self.ctl.js.key_value(subjects.WEIGHTS_KV_BUCKET)
+                watcher = await kv.watch(self.run_id)
+                backoff = 0.2
+                while not self._stop.is_set():
+                    try:
+                        entry = await watcher.updates(timeout=KV_CHECK_S)
+                    except nats.errors.TimeoutError:
+                        with contextlib.suppress(Exception):
+                            latest = await kv.get(self.run_id)
+                            if latest and latest.value:
+                                await self._version_seen(latest.value)
+                        continue
+                    if entry is None or not getattr(entry, "value", None):
+                        continue
+                    await self._version_seen(entry.value)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("run %s: weights watch failed (%s: %s); retrying in %.1fs", self.run_id,
+                            type(exc).__name__, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                if watcher is not None:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()

@@ -1,0 +1,130 @@
+"""The prompt ledger: where every released group stands, and the counts admission control uses.
+
+A group (one prompt of one epoch, id `<run>:<epoch>:<prompt_id>`) is written here *before* it is
+published, in the same transaction that advances its enqueue's cursor, so a controller that dies at any
+point neither forgets nor re-releases it: on restart the rows with `seq > runs.published_seq` (written,
+maybe not acked by JetStream) are published again under the same Nats-Msg-Id, which JetStream drops
+as duplicates. States only move forward:
+
+    released -> received (rollout published its trajectory) -> trained | dropped_stale | filtered
+    released | received -> dead_lettered
+
+Accounting: released = trained + dropped_stale + filtered + dead_lettered + in flight (released, received).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from controller.db import (
+    DEAD_LETTERED,
+    DROPPED_STALE,
+    FILTERED,
+    FREED_STATES,
+    LEDGER_STATES,
+    RECEIVED,
+    RELEASED,
+    TRAINED,
+    Enqueue,
+    Ledger,
+    Run,
+    now,
+)
+
+# new state -> the states a group may be in before it
+TRANSITIONS: dict[str, tuple[str, ...]] = {
+    RECEIVED: (RELEASED,),
+    TRAINED: (RELEASED, RECEIVED),
+    DROPPED_STALE: (RELEASED, RECEIVED),
+    FILTERED: (RELEASED, RECEIVED),
+    DEAD_LETTERED: (RELEASED, RECEIVED),
+}
+
+
+def counts(session: Session, run_id: str) -> dict[str, int]:
+    rows = session.execute(
+        select(Ledger.state, func.count()).where(Ledger.run_id == run_id).group_by(Ledger.state)
+    ).all()
+    out = {s: 0 for s in LEDGER_STATES}
+    out.update({state: n for state, n in rows})
+    return out
+
+
+def summary(session: Session, run_id: str) -> dict:
+    c = counts(session, run_id)
+    released = sum(c.values())
+    in_flight = c[RELEASED] + c[RECEIVED]
+    return {
+        "released": released,
+        "in_flight": in_flight,
+        "awaiting_trajectory": c[RELEASED],
+        "trajectory_received": c[RECEIVED],
+        "trained": c[TRAINED],
+        "dropped_stale": c[DROPPED_STALE],
+        "filtered": c[FILTERED],
+        "dead_lettered": c[DEAD_LETTERED],
+        "outstanding": released - sum(c[s] for s in FREED_STATES),
+        "balanced": released == c[TRAINED] + c[DROPPED_STALE] + c[FILTERED] + c[DEAD_LETTERED] + in_flight,
+    }
+
+
+def outstanding(session: Session, run_id: str) -> int:
+    """Groups that count against the admission bound: released and not dropped/filtered/dead-lettered."""
+    return session.scalar(
+        select(func.count()).select_from(Ledger).where(Ledger.run_id == run_id, Ledger.state.not_in(FREED_STATES))
+    ) or 0
+
+
+def admission_bound(current_version: int, max_staleness: int, batch_size: int) -> int:
+    """Groups that may be released or in flight: (current_version + max_staleness + 1) * batch_size.
+    Before any version is announced the trainer is at version 0."""
+    return (max(current_version, 0) + max_staleness + 1) * batch_size
+
+
+def reserve(Session_: sessionmaker, run_id: str, rows: list[dict], cursors: dict[int, int], acked_seq: int) -> None:
+    """Write a batch of ledger rows, advance enqueue cursors and the run's seq counters, atomically."""
+    with Session_.begin() as s:
+        if rows:
+            s.execute(Ledger.__table__.insert(), rows)  # Core executemany: no ORM bookkeeping per row
+        for enqueue_id, pos in cursors.items():
+            s.execute(update(Enqueue).where(Enqueue.id == enqueue_id).values(next_pos=pos))
+        values: dict = {"published_seq": acked_seq}
+        if rows:
+            values["release_seq"] = rows[-1]["seq"]
+        s.execute(update(Run).where(Run.id == run_id).values(**values))
+
+
+def set_published(Session_: sessionmaker, run_id: str, acked_seq: int) -> None:
+    with Session_.begin() as s:
+        s.execute(update(Run).where(Run.id == run_id, Run.published_seq < acked_seq).values(published_seq=acked_seq))
+
+
+def unpublished(Session_: sessionmaker, run_id: str) -> list[Ledger]:
+    """Rows written but maybe not acked by JetStream (a crash between the two): publish them again."""
+    with Session_() as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            return []
+        return list(s.scalars(select(Ledger).where(Ledger.run_id == run_id, Ledger.seq > run.published_seq)
+                              .order_by(Ledger.seq)))
+
+
+def mark(Session_: sessionmaker, run_id: str, group_ids: list[str], state: str, *,
+         trained_version: int | None = None, reason: str | None = None) -> int:
+    """Move groups to `state` if they may (TRANSITIONS); returns how many moved. Unknown ids are ignored."""
+    if not group_ids:
+        return 0
+    values: dict = {"state": state, "updated_at": now()}
+    if trained_version is not None:
+        values["trained_version"] = trained_version
+    if reason is not None:
+        values["reason"] = reason[:2000]
+    moved = 0
+    with Session_.begin() as s:
+        for i in range(0, len(group_ids), 500):
+            chunk = [str(g) for g in group_ids[i : i + 500]]
+            res = s.execute(update(Ledger).where(Ledger.run_id == run_id, Ledger.group_id.in_(chunk),
+                                                 Ledger.state.in_(TRANSITIONS[state])).values(**values))
+            moved += res.rowcount or 0
+    return moved

@@ -1,0 +1,287 @@
+"""Release with admission control: publish a run's enqueued prompts to `jetrl.<run>.prompts` while the
+groups released and not freed stay within (current_version + max_staleness + 1) * batch_size.
+
+One `RunReleaser` task per run. Each batch is written to the ledger first (ledger.reserve) and then
+published with publish_async under Nats-Msg-Id = group id; the ack watermark (runs.published_seq) is
+advanced in the next batch's transaction. The DB write of batch k+1 overlaps the JetStream acks of
+batch k. The loop sleeps until something can change the bound: a new weight version, a freed group,
+a new enqueue, resume (`wake()`), or poll_interval_s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import select
+
+from controller import ledger
+from controller.db import RELEASED, Enqueue, Ledger, Run, now
+from shared import bus, subjects
+from shared.config import JetrlConfig
+from shared.messages import PromptTask
+
+log = logging.getLogger("jetrl.controller.release")
+
+
+def prompt_id_for(content_hash: str, row_index: int) -> str:
+    """Prompt ids are unique per dataset content, so two datasets in one run never collide."""
+    return f"{content_hash[:12]}-{row_index}"
+
+
+def position(enq: Enqueue, pos: int, perm_cache: dict) -> tuple[int, int]:
+    """(epoch, row index) of the `pos`-th prompt of an enqueue: epochs in order, rows shuffled per epoch
+    by (shuffle_seed, epoch) when a seed is set, else in file order; `limit` keeps the first rows."""
+    local_epoch, k = divmod(pos, enq.rows_per_epoch)
+    if enq.shuffle_seed is None:
+        return enq.epoch_offset + local_epoch, k
+    key = (enq.id, local_epoch)
+    perm = perm_cache.get(key)
+    if perm is None:
+        perm = np.random.default_rng([enq.shuffle_seed & 0xFFFFFFFF, local_epoch]).permutation(enq.rows_per_epoch)
+        if len(perm_cache) > 64:
+            perm_cache.clear()
+        perm_cache[key] = perm
+    return enq.epoch_offset + local_epoch, int(perm[k])
+
+
+@dataclass
+class Pending:
+    last_seq: int
+    subjects_msgs: list[tuple[str, bytes]]
+    futures: list[asyncio.Future] = field(default_factory=list)
+
+
+class RunReleaser:
+    """The release loop of one run. `ctl` gives Session, js, nc, controller config and dataset readers."""
+
+    def __init__(self, ctl, run_id: str):
+        self.ctl, self.run_id = ctl, run_id
+        self.subject = subjects.prompts(run_id)
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self.current_version = -1
+        self.outstanding = 0
+        self.released_total = 0
+        self._perm_cache: dict = {}
+        self._cfg: JetrlConfig | None = None
+        self._recount = False
+        self._tokens = 0.0
+        self._token_time = time.monotonic()
+
+    # --- signals ------------------------------------------------------------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def set_version(self, version: int) -> None:
+        if version > self.current_version:
+            self.current_version = version
+            self.wake()
+
+    async def refresh(self) -> None:
+        """The follower freed groups: the next step re-counts outstanding groups from the ledger. (Only
+        the loop's own step touches the count, so a recount can never miss a batch being committed.)"""
+        self._recount = True
+        self.wake()
+
+    def _count(self) -> int:
+        with self.ctl.Session() as s:
+            return ledger.outstanding(s, self.run_id)
+
+    # --- the loop -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        run, _ = await asyncio.to_thread(self._load)
+        if run is None:
+            return
+        self.current_version = max(self.current_version, run.current_version)
+        self.outstanding = await asyncio.to_thread(self._count)
+        await self._republish_unconfirmed()
+        acked_seq = await asyncio.to_thread(self._published_seq)
+        pending: Pending | None = None
+        while not self._stop.is_set():
+            # load + plan + encode + ledger commit of batch k+1 run in a thread while batch k's acks arrive
+            status, batch = await asyncio.to_thread(self._step, acked_seq)
+            if status in (None, "stopped"):
+                break
+            if batch:
+                rows, msgs = batch
+            if pending is not None:
+                await self._confirm(pending)
+                acked_seq = pending.last_seq
+                pending = None
+            if batch:
+                pending = await self._send(rows[-1]["seq"], msgs)
+                continue
+            await asyncio.to_thread(ledger.set_published, self.ctl.Session, self.run_id, acked_seq)
+            await self._sleep()
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                await self._confirm(pending)
+                await asyncio.to_thread(ledger.set_published, self.ctl.Session, self.run_id, pending.last_seq)
+
+    def _step(self, acked_seq: int):
+        """(run status, (ledger rows, messages) or None): the next batch, already committed to the ledger."""
+        run, enqueues = self._load()
+        if run is None or run.status != "running":
+            return (run.status if run else None), None
+        if self._recount:
+            self._recount = False
+            self.outstanding = self._count()
+        planned = self._plan(run, enqueues)
+        if planned is None:
+            return run.status, None
+        rows, cursors, msgs = planned
+        ledger.reserve(self.ctl.Session, self.run_id, rows, cursors, acked_seq)
+        self.outstanding += len(rows)
+        self.released_total += len(rows)
+        return run.status, (rows, msgs)
+
+    async def _sleep(self) -> None:
+        self._wake.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self._delay())
+
+    def _delay(self) -> float:
+        rate = self.ctl.ccfg.release_rate
+        if rate > 0 and self._tokens < 1:
+            return min(self.ctl.ccfg.poll_interval_s, (1 - self._tokens) / rate)
+        return self.ctl.ccfg.poll_interval_s
+
+    def _load(self) -> tuple[Run | None, list[Enqueue]]:
+        with self.ctl.Session() as s:
+            run = s.get(Run, self.run_id)
+            if run is None:
+                return None, []
+            enqs = list(s.scalars(select(Enqueue).where(Enqueue.run_id == self.run_id,
+                                                        Enqueue.next_pos < Enqueue.total).order_by(Enqueue.id)))
+            return run, enqs
+
+    def _published_seq(self) -> int:
+        with self.ctl.Session() as s:
+            run = s.get(Run, self.run_id)
+            return run.published_seq if run else 0
+
+    def _config(self, run: Run) -> JetrlConfig:
+        """The run's config, validated once (a run's config never changes after creation)."""
+        if self._cfg is None:
+            self._cfg = JetrlConfig.model_validate(run.config)
+        return self._cfg
+
+    def budget(self, cfg: JetrlConfig) -> int:
+        bound = ledger.admission_bound(self.current_version, cfg.schedule.max_staleness, cfg.schedule.batch_size)
+        return bound - self.outstanding
+
+    def _rate_allowance(self, want: int) -> int:
+        rate = self.ctl.ccfg.release_rate
+        if rate <= 0:
+            return want
+        t = time.monotonic()
+        self._tokens = min(max(rate, 1.0), self._tokens + (t - self._token_time) * rate)
+        self._token_time = t
+        n = min(want, int(self._tokens))
+        self._tokens -= n
+        return n
+
+    def _plan(self, run: Run, enqueues: list[Enqueue]):
+        """The next batch: ledger rows, enqueue cursors and encoded messages (None when nothing may go)."""
+        if not enqueues:
+            return None
+        cfg = self._config(run)
+        n = min(self.budget(cfg), self.ctl.ccfg.release_batch)
+        if n <= 0:
+            return None
+        n = self._rate_allowance(n)
+        if n <= 0:
+            return None
+        version = max(self.current_version, 0)
+        sampling = cfg.rollout.sampling.model_dump(exclude_none=True)
+        rows, msgs, cursors = [], [], {}
+        seq = run.release_seq
+        t = now()
+        for enq in enqueues:
+            reader, content_hash, name = self.ctl.reader(enq.dataset_id)
+            pos = enq.next_pos
+            while pos < enq.total and len(rows) < n:
+                epoch, idx = position(enq, pos, self._perm_cache)
+                pid = prompt_id_for(content_hash, idx)
+                task = PromptTask(run=self.run_id, prompt_id=pid, epoch=epoch, payload=reader.payload(idx),
+                                  dataset=name, workflow=cfg.rollout.workflow, group_size=cfg.rollout.group_size,
+                                  sampling=sampling, released_at_version=version, released_at=t)
+                gid = subjects.group_id(self.run_id, epoch, pid)
+                seq += 1
+                rows.append(dict(group_id=gid, run_id=self.run_id, enqueue_id=enq.id, epoch=epoch, prompt_id=pid,
+                                 row_index=idx, seq=seq, state=RELEASED, released_at_version=version,
+                                 released_at=t, updated_at=t))
+                msgs.append((gid, bus.encode_checked(self.ctl.nc, task, self.subject)))
+                pos += 1
+            cursors[enq.id] = pos
+            if len(rows) >= n:
+                break
+        return (rows, cursors, msgs) if rows else None
+
+    # --- publishing ---------------------------------------------------------------------------
+    async def _send(self, last_seq: int, msgs: list[tuple[str, bytes]]) -> Pending:
+        p = Pending(last_seq=last_seq, subjects_msgs=msgs)
+        try:
+            for gid, data in msgs:
+                p.futures.append(await self.ctl.js.publish_async(
+                    self.subject, data, headers={subjects.MSG_ID_HEADER: gid}))
+        except Exception as exc:  # confirm() retries the whole batch under the same ids
+            log.warning("run %s: publishing a batch failed (%s); will retry", self.run_id, exc)
+        return p
+
+    async def _confirm(self, p: Pending) -> None:
+        """Wait until JetStream acked every message of the batch, republishing it (same ids) on failure."""
+        delay = 0.2
+        while True:
+            ok = len(p.futures) == len(p.subjects_msgs)
+            if ok:
+                try:
+                    await asyncio.wait_for(asyncio.gather(*p.futures), self.ctl.ccfg.publish_timeout_s)
+                    return
+                except Exception as exc:
+                    log.warning("run %s: JetStream did not ack %d prompts (%s: %s); republishing in %.1fs",
+                                self.run_id, len(p.futures), type(exc).__name__, exc, delay)
+            for f in p.futures:
+                if not f.done():
+                    f.cancel()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            retry = await self._send(p.last_seq, p.subjects_msgs)
+            p.futures = retry.futures
+
+    async def _republish_unconfirmed(self) -> None:
+        rows: list[Ledger] = await asyncio.to_thread(ledger.unpublished, self.ctl.Session, self.run_id)
+        if not rows:
+            return
+        log.info("run %s: republishing %d prompts written before a restart (duplicates are dropped by "
+                 "Nats-Msg-Id)", self.run_id, len(rows))
+        msgs = await asyncio.to_thread(self._rebuild, rows)
+        for i in range(0, len(msgs), 1000):
+            chunk = msgs[i : i + 1000]
+            p = await self._send(rows[min(i + 1000, len(rows)) - 1].seq, chunk)
+            await self._confirm(p)
+        await asyncio.to_thread(ledger.set_published, self.ctl.Session, self.run_id, rows[-1].seq)
+
+    def _rebuild(self, rows: list[Ledger]) -> list[tuple[str, bytes]]:
+        with self.ctl.Session() as s:
+            run = s.get(Run, self.run_id)
+            cfg = JetrlConfig.model_validate(run.config)
+            enqs = {e.id: e for e in s.scalars(select(Enqueue).where(Enqueue.run_id == self.run_id))}
+        sampling = cfg.rollout.sampling.model_dump(exclude_none=True)
+        out = []
+        for r in rows:
+            reader, _, name = self.ctl.reader(enqs[r.enqueue_id].dataset_id)
+            task = PromptTask(run=self.run_id, prompt_id=r.prompt_id, epoch=r.epoch, payload=reader.payload(r.row_index),
+                              dataset=name, workflow=cfg.rollout.workflow, group_size=cfg.rollout.group_size,
+                              sampling=sampling, released_at_version=r.released_at_version, released_at=r.released_at)
+            out.append((r.group_id, bus.encode_checked(self.ctl.nc, task, self.subject)))
+        return out

@@ -1,0 +1,33 @@
+"""`jetrl rollout -c CONFIG [overrides]`: one rollout worker (start as many as you like)."""
+
+from __future__ import annotations
+
+import typer
+
+from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
+
+
+def rollout_cmd(
+    config: str = CONFIG_OPTION,
+    overrides: list[str] = OVERRIDES_ARG,
+    worker: str = typer.Option("", "--worker", help="Worker id in events and groups ('' = host-pid-random)."),
+) -> None:
+    """Run a rollout worker: prompts -> workflow -> trajectory groups, following weight announcements."""
+    cfg = load_or_exit(config, overrides)
+    from rollout_service.service import serve
+    from rollout_service.tools import build_tools
+    from rollout_service.workflows import WorkflowLoadError, load_workflow
+    from shared.telemetry import setup_logging
+
+    setup_logging(cfg.telemetry, "rollout")
+    try:  # fail at start-up, before connecting or loading a model, on a bad workflow or tool config
+        load_workflow(cfg.rollout.workflow, cfg.rollout.workflow_args)
+        tools = build_tools(cfg.rollout.tools)
+    except (WorkflowLoadError, ValueError) as exc:
+        typer.secho(f"config error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    run_async(serve(cfg, tools=tools, instance=worker or None))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("rollout")(rollout_cmd)

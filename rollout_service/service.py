@@ -1,0 +1,264 @@
+"""The rollout worker: prompt tasks in, scored trajectory groups out (`jetrl rollout -c CONFIG`).
+
+    PROMPTS --(durable pull consumer, shared by every worker of the run)--> workflow.run(ctx, task)
+        --> engine (generate) + reward client (score) + tools --> TrajectoryGroup --> TRAJECTORIES
+
+Delivery: a prompt is acked only after JetStream acknowledged its trajectory group, published with
+Nats-Msg-Id = group id; a worker that dies mid-task leaves its prompts unacked, JetStream redelivers
+them to another worker after ack_wait, and a group published twice is deduplicated by its id. Heartbeats
+(in-progress acks) keep long tasks from being redelivered. Weights: a WeightFollower swaps each
+announced version into the engine while tasks run; no new prompt is fetched while the engine is more
+than schedule.max_staleness versions behind the newest announcement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+from rollout_service.metrics import RolloutMetrics
+from rollout_service.tools import ToolRegistry, build_tools
+from rollout_service.weight_sync import WeightFollower, weight_store_source
+from rollout_service.workflows import Workflow, WorkflowContext, load_workflow
+from shared import bus, subjects
+from shared.config import JetrlConfig
+from shared.messages import PromptTask, TrajectoryGroup
+from shared.telemetry import Rate, start_metrics
+
+log = logging.getLogger("jetrl.rollout")
+
+SERVICE = "rollout"
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+class RolloutWorker:
+    """One rollout worker. Parts not given are built from the config at `start()`:
+    engine = make_engine(cfg), tokenizer = the model's, reward = RewardClient, weights = the weight store
+    (`weights` = (watch, fetch[, latest]) replaces it, see weight_sync.py)."""
+
+    def __init__(self, cfg: JetrlConfig, *, engine=None, tokenizer=None, reward=None,
+                 workflow: Workflow | None = None, tools: ToolRegistry | None = None,
+                 weights: tuple | None = None, instance: str | None = None):
+        self.cfg = cfg
+        self.instance = instance or worker_id()
+        self.engine, self.tokenizer, self.reward, self.tools = engine, tokenizer, reward, tools
+        self.workflow = workflow if workflow is not None else load_workflow(cfg.rollout.workflow,
+                                                                             cfg.rollout.workflow_args)
+        self.workflow_name = cfg.rollout.workflow if workflow is None else getattr(workflow, "name", "")
+        self._weights = weights
+        self.metrics = RolloutMetrics()
+        self.rate = Rate(30.0)
+        self.published = 0
+        self.errors = 0
+        self.nc = self.js = self.loop = self.follower = self.ctx = self.events = None
+        self._pending_ids: list[str] = []
+        self._closers: list[Any] = []
+        self._tasks: list[asyncio.Task] = []
+        self._stopped = asyncio.Event()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.cfg
+        if self.tools is None:
+            self.tools = build_tools(cfg.rollout.tools)
+        if self.tokenizer is None:
+            from shared.tinymodel import load_tokenizer
+
+            self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        if self.engine is None:
+            from rollout_service.engines import make_engine
+
+            self.engine = make_engine(cfg)
+        await self.engine.start()
+        self.nc = await bus.connect(cfg.nats, name=f"rollout-{self.instance}")
+        self.js = self.nc.jetstream()
+        await bus.ensure_streams(self.js, cfg.streams)
+        if self.reward is None:
+            from reward_service.client import RewardClient
+
+            self.reward = RewardClient(self.nc, cfg.reward)
+        if cfg.rollout.service.follow_weights:
+            if self._weights is None:
+                watch, fetch, latest, close = weight_store_source(cfg, self.js)
+                self._closers.append(close)
+            else:
+                watch, fetch, latest = (tuple(self._weights) + (None,))[:3]
+            self.follower = WeightFollower(self.engine, cfg.run, watch, fetch, latest)
+            await self.follower.prime()
+        self.ctx = WorkflowContext(engine=self.engine, tokenizer=self.tokenizer, reward=self.reward,
+                                   tools=self.tools, cfg=cfg)
+        svc = cfg.rollout.service
+        self.loop = bus.ConsumerLoop(
+            self.js, self.nc, run=cfg.run, stream=subjects.PROMPTS_STREAM, subject=subjects.prompts(cfg.run),
+            durable=subjects.rollout_consumer(cfg.run), handler=self._handle, expect=PromptTask,
+            batch=min(svc.fetch_batch, cfg.rollout.max_in_flight), max_in_flight=cfg.rollout.max_in_flight,
+            ack_wait_s=svc.ack_wait_s, max_deliver=svc.max_deliver, can_fetch=self.can_fetch,
+        )
+        self.events = bus.EventPublisher(self.js, self.nc, cfg.run, SERVICE, self.instance)
+        if cfg.telemetry.metrics_port >= 0:
+            start_metrics(cfg.telemetry, self.metrics.registry)
+        log.info("rollout worker %s: run %s, workflow %s, engine %s (version %d), %d in flight", self.instance,
+                 cfg.run, self.workflow_name, getattr(self.engine, "name", "?"), self.engine.version,
+                 cfg.rollout.max_in_flight)
+
+    async def run(self) -> None:
+        """Start (if needed) and serve until `stop()`; in-flight tasks finish before it returns."""
+        if self.loop is None:
+            await self.start()
+        if self.follower is not None:
+            self._tasks.append(asyncio.create_task(self.follower.run()))
+        self._tasks.append(asyncio.create_task(self._telemetry()))
+        self._tasks.append(asyncio.create_task(self._flush_published_loop()))
+        await self.events.emit("health", self._health())
+        try:
+            await self.loop.run()
+        finally:
+            await self._flush_published()
+            await self.close()
+
+    def stop(self) -> None:
+        """Stop fetching prompts; tasks in flight finish, publish and are acked."""
+        self._stopped.set()
+        if self.loop is not None:
+            self.loop.stop()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        for close in self._closers:
+            with contextlib.suppress(Exception):
+                await close()
+        if self.reward is not None and hasattr(self.reward, "close"):
+            with contextlib.suppress(Exception):
+                await self.reward.close()
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                await self.engine.close()
+        if self.nc is not None and not self.nc.is_closed:
+            # Everything worth keeping is acked by now (groups by JetStream, prompts by us): flush, close.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.flush(), 5)
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+    # --- the work -------------------------------------------------------------------------------
+    def can_fetch(self) -> bool:
+        """The staleness gate: no new work while the engine lags the newest announcement too far."""
+        if self._stopped.is_set():
+            return False
+        return self.follower is None or self.follower.lag <= self.cfg.schedule.max_staleness
+
+    @property
+    def in_flight(self) -> int:
+        return self.loop.in_flight if self.loop is not None else 0
+
+    async def _handle(self, task: PromptTask, msg) -> None:
+        t0 = time.monotonic()
+        try:
+            if task.run != self.cfg.run:
+                raise ValueError(f"prompt task of run {task.run!r} on run {self.cfg.run!r}'s subject")
+            samples = await self.workflow.run(self.ctx, task)
+            for i, s in enumerate(samples):
+                problem = s.validate()
+                if problem:
+                    raise ValueError(f"workflow {self.workflow_name}: sample {i}{problem[0]} {problem[1]}")
+            group = TrajectoryGroup(
+                run=task.run, prompt_id=task.prompt_id, epoch=task.epoch, samples=samples,
+                workflow=self.workflow_name, worker=self.instance, released_at_version=task.released_at_version,
+                metrics={"task_s": time.monotonic() - t0, "engine_version": self.engine.version,
+                         "delivery": msg.metadata.num_delivered if msg.metadata else 1},
+            )
+            await bus.publish(self.js, self.nc, subjects.trajectories(task.run), group, msg_id=task.group_id,
+                              timeout=self.cfg.rollout.service.publish_timeout_s)
+        except Exception as exc:
+            self.errors += 1
+            self.metrics.errors.inc()
+            log.warning("task %s failed: %s: %s", task.group_id, type(exc).__name__, exc)
+            raise
+        self.published += 1
+        self.metrics.published.inc()
+        self.metrics.task_seconds.observe(time.monotonic() - t0)
+        self._pending_ids.append(task.group_id)
+        if len(self._pending_ids) >= self.cfg.rollout.service.events_batch:
+            await self._flush_published()
+
+    # --- telemetry ------------------------------------------------------------------------------
+    async def _flush_published(self) -> None:
+        if not self._pending_ids or self.events is None:
+            return
+        ids, self._pending_ids = self._pending_ids, []
+        await self.events.emit("published", {"group_ids": ids, "worker": self.instance})
+
+    async def _flush_published_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self._flush_published()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The 'metrics' event: tokens_per_s, in_flight, version, version_lag, tool_calls, errors."""
+        s = self.ctx.stats if self.ctx else None
+        return {
+            "tokens_per_s": round(self.rate.per_second(), 2),
+            "in_flight": self.in_flight,
+            "version": self.engine.version if self.engine else -1,
+            "version_lag": self.follower.lag if self.follower else 0,
+            "tool_calls": s.tool_calls if s else 0,
+            "tool_errors": s.tool_errors if s else 0,
+            "errors": self.errors,
+            "published": self.published,
+            "generated_tokens": s.generated_tokens if s else 0,
+            "weight_swaps": self.follower.swaps if self.follower else 0,
+        }
+
+    def _health(self) -> dict[str, Any]:
+        return {"status": "ok", "instance": self.instance, "version": self.engine.version}
+
+    async def _telemetry(self) -> None:
+        last = {"tokens": 0, "swaps": 0, "tool_calls": 0, "tool_errors": 0}
+        counters = {"tokens": self.metrics.tokens, "swaps": self.metrics.weight_swaps,
+                    "tool_calls": self.metrics.tool_calls, "tool_errors": self.metrics.tool_errors}
+        interval = self.cfg.telemetry.events_interval_s
+        next_event = time.monotonic() + interval
+        while True:
+            await asyncio.sleep(min(1.0, interval))
+            st = self.ctx.stats
+            now = {"tokens": st.generated_tokens, "swaps": self.follower.swaps if self.follower else 0,
+                   "tool_calls": st.tool_calls, "tool_errors": st.tool_errors}
+            self.rate.add(now["tokens"] - last["tokens"])
+            for k, c in counters.items():
+                c.inc(max(0, now[k] - last[k]))
+            last = now
+            snap = self.snapshot()
+            self.metrics.tokens_per_s.set(snap["tokens_per_s"])
+            self.metrics.in_flight.set(snap["in_flight"])
+            self.metrics.version.set(snap["version"])
+            self.metrics.version_lag.set(snap["version_lag"])
+            if time.monotonic() >= next_event:
+                next_event = time.monotonic() + interval
+                await self.events.emit("metrics", snap)
+                await self.events.emit("health", self._health())
+
+
+async def serve(cfg: JetrlConfig, **parts: Any) -> None:
+    """Run one worker until SIGTERM / SIGINT (then finish the tasks in flight)."""
+    import signal
+
+    worker = RolloutWorker(cfg, **parts)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, worker.stop)
+    await worker.run()

@@ -1,0 +1,128 @@
+"""tool_agent: function calling in the Hermes / Qwen format.
+
+The model writes `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; generation stops at the
+closing tag, the call is parsed and run by the tool registry (time-limited), and the result is appended
+as a `<tool_response>` turn (through the tokenizer's chat template, role "tool", where it has one).
+Tool responses are environment tokens: masked out of the loss. A turn without a tool call is the final
+answer, which the reward service scores. A malformed call is answered with an error message; after
+`max_turns` model turns the sample ends with finish_reason "tool_limit".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from rollout_service.tools.base import ToolCall
+from rollout_service.workflows.base import Trace, Workflow, WorkflowContext, prompt_messages, reward_metrics
+from shared.messages import PromptTask, Sample
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+
+
+def parse_tool_calls(text: str) -> list[ToolCall | str]:
+    """The tool calls in a model turn, in order; a malformed one becomes an error message (str)."""
+    out: list[ToolCall | str] = []
+    for n, m in enumerate(_CALL.finditer(text), 1):
+        body = m.group(1).strip()
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as exc:
+            out.append(f"error: tool call {n} is not valid JSON ({exc.msg} at char {exc.pos}); write "
+                       f'{CALL_OPEN}{{"name": "<tool>", "arguments": {{...}}}}{CALL_CLOSE}')
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            out.append(f"error: tool call {n} needs a JSON object with a string 'name'")
+            continue
+        args = obj.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                out.append(f"error: tool call {n}: 'arguments' is a string that is not JSON")
+                continue
+        if not isinstance(args, dict):
+            out.append(f"error: tool call {n}: 'arguments' must be a JSON object")
+            continue
+        out.append(ToolCall(obj["name"], args))
+    tail = text[text.rfind(CALL_CLOSE) + len(CALL_CLOSE):] if out else text
+    if CALL_OPEN in tail:
+        out.append(f"error: tool call not closed; end it with {CALL_CLOSE}")
+    return out
+
+
+def plain_preamble(schemas: list[dict]) -> str:
+    """Tool instructions for tokenizers without a chat template."""
+    lines = ["You can use tools:"]
+    for s in schemas:
+        f = s["function"]
+        lines.append(f"- {f['name']}({', '.join(f['parameters'].get('properties', {}))}): {f['description']}")
+    lines.append(f'Call one as {CALL_OPEN}{{"name": "...", "arguments": {{...}}}}{CALL_CLOSE}; '
+                 "its result comes back in <tool_response>. Then answer.")
+    return "\n".join(lines)
+
+
+def plain_response(texts: list[str]) -> str:
+    return "".join(f"\n<tool_response>\n{t}\n</tool_response>\n" for t in texts)
+
+
+class ToolAgentWorkflow(Workflow):
+    name = "tool_agent"
+
+    def __init__(self, max_turns: int | None = None):
+        self.max_turns = max_turns
+
+    async def run(self, ctx: WorkflowContext, task: PromptTask) -> list[Sample]:
+        return await self.run_group(ctx, task, self.one)
+
+    async def one(self, ctx: WorkflowContext, task: PromptTask, index: int) -> Sample:
+        cfg = ctx.cfg.rollout.tool_agent
+        max_turns = self.max_turns or cfg.max_turns
+        schemas = ctx.tools.schemas()
+        if ctx.has_chat_template:
+            messages = prompt_messages(task.payload, cfg.system_prompt)
+            prompt = ctx.encode(ctx.apply_template(messages, schemas or None, add_generation_prompt=True))
+        else:
+            messages = prompt_messages(task.payload)
+            head = cfg.system_prompt or (plain_preamble(schemas) if schemas else "")
+            prompt = ctx.encode((head + "\n" if head else "") + ctx.render_prompt_text(task.payload))
+        trace = Trace(prompt)
+        sampling = ctx.sampling(task, index, extra_stop=[CALL_CLOSE])
+        calls = errors = 0
+        answer, finish, turn = "", None, 0
+        for turn in range(max_turns):
+            res = await ctx.generate(trace.tokens, sampling)
+            trace.add_policy(res)
+            answer = ctx.decode(res.output_ids)
+            items = parse_tool_calls(answer)
+            if not items or res.finish_reason == "abort":
+                break
+            if turn == max_turns - 1:
+                finish = "tool_limit"
+                break
+            texts = []
+            t0 = time.monotonic()
+            for item in items:
+                if isinstance(item, str):
+                    texts.append(item)
+                    errors += 1
+                    continue
+                outcome = await ctx.tools.call(item)
+                calls += 1
+                errors += not outcome.ok
+                texts.append(outcome.text)
+            trace.timings["tools"] += time.monotonic() - t0
+            new = [{"role": "tool", "content": t} for t in texts]
+            trace.add_env(ctx.continuation_ids(messages, answer, ctx.decode(res.output_ids, False), new,
+                                               plain_text=plain_response(texts), tools=schemas or None))
+            messages = messages + [{"role": "assistant", "content": answer}] + new
+        ctx.stats.tool_calls += calls
+        ctx.stats.tool_errors += errors
+        t0 = time.monotonic()
+        rr = await ctx.score(task, [answer])
+        trace.timings["reward"] = time.monotonic() - t0
+        trace.metrics.update(reward_metrics(rr, 0))
+        trace.metrics.update({"tool_calls": calls, "tool_errors": errors, "turns": turn + 1})
+        return trace.to_sample(rr.rewards[0], finish)

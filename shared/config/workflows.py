@@ -1,0 +1,49 @@
+"""Rollout workflows and their tools: multi-turn feedback, tool calling, the rollout service's consumer."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from shared.config.base import Section
+
+
+class MultiTurnConfig(Section):
+    max_turns: int = Field(3, ge=1, description="Most answers the agent may give (K).")
+    turn_discount: float = Field(
+        0.9, ge=0, le=1, description="Reward of an answer given at turn t (0-based) is multiplied by this ** t."
+    )
+    feedback: str = Field("\nwrong, try again\n", description="Environment message after an answer that failed.")
+    success_reward: float = Field(1.0, description="An answer scoring at least this ends the episode.")
+
+
+class ToolsConfig(Section):
+    enabled: list[str] = Field(
+        default_factory=lambda: ["calculator", "python", "search"],
+        description="Built-in tools offered to the model: calculator | python | search.",
+    )
+    timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one tool call; a call past it is cut off.")
+    max_output_chars: int = Field(2000, ge=16, description="Tool output longer than this is truncated.")
+    python_memory_mb: int = Field(256, ge=16, description="Address-space limit of the sandboxed Python process.")
+    python_cpu_s: int = Field(5, ge=1, description="CPU-seconds limit of the sandboxed Python process.")
+    corpus: str = Field(
+        "", description="Search tool: a directory of .txt/.md files or a .jsonl file with a 'text' field ('' = off)."
+    )
+    search_top_k: int = Field(3, ge=1, description="Search tool: passages returned per query.")
+
+
+class ToolAgentConfig(Section):
+    max_turns: int = Field(4, ge=1, description="Most model turns per sample (tool calls + final answer).")
+    system_prompt: str = Field(
+        "", description="System message for chat-template tokenizers ('' = a short default naming the tools)."
+    )
+
+
+class ServiceConfig(Section):
+    """The rollout worker's prompt consumer."""
+
+    ack_wait_s: float = Field(30.0, gt=0, description="Redeliver a prompt whose worker sent no ack or heartbeat for this long.")
+    max_deliver: int = Field(5, ge=1, description="Deliveries of one prompt before it goes to the dead-letter queue.")
+    fetch_batch: int = Field(8, ge=1, description="Prompts fetched per pull request.")
+    follow_weights: bool = Field(True, description="Watch weight announcements and swap new versions into the engine.")
+    publish_timeout_s: float = Field(10.0, gt=0, description="Wait this long for JetStream to ack a trajectory group.")
+    events_batch: int = Field(64, ge=1, description="Group ids per 'published' event (flushed at least every second).")

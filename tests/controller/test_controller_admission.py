@@ -1,0 +1,162 @@
+"""Admission control and the bus follower: the bound holds, versions on the KV raise it, trainer and
+rollout events and dead letters move the ledger, metrics/health/versions become readable."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller_helpers import (
+    AUTH,
+    maxdigit_rows,
+    prompts_count,
+    run_config,
+    stream_prompts,
+    wait_for,
+    write_jsonl,
+)
+
+from shared import bus, codec, subjects
+from shared.messages import DeadLetter, Event, WeightVersion
+
+
+async def setup_run(live, tmp_path, run, rows, max_staleness, batch_size):
+    p = tmp_path / f"{run}.jsonl"
+    write_jsonl(p, maxdigit_rows(rows))
+    with open(p, "rb") as f:
+        d = (await live.http.post("/v1/datasets", files={"file": (p.name, f)}, headers=AUTH)).json()
+    r = await live.http.post("/v1/runs", json=run_config(run, max_staleness, batch_size), headers=AUTH)
+    assert r.status_code == 201, r.text
+    r = await live.http.post(f"/v1/runs/{run}/enqueues", json={"dataset": str(d["id"])}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    return d
+
+
+async def ledger(live, run):
+    return (await live.http.get(f"/v1/runs/{run}/ledger")).json()
+
+
+async def settle_at(live, js, run, want: int, bound: int):
+    """Wait until `want` groups are released, then keep watching a while: never more than `bound`."""
+    await wait_for(lambda: _released(live, run, want), what=f"{want} groups released")
+    for _ in range(10):  # the releaser gets many chances to overshoot; it must not
+        live.ctl.releasers[run].wake()
+        await asyncio.sleep(0.05)
+        lg = await ledger(live, run)
+        assert lg["outstanding"] <= bound, lg
+        assert await prompts_count(js, run) == lg["released"]
+    assert (await ledger(live, run))["released"] == want
+
+
+async def _released(live, run, want):
+    return (await ledger(live, run))["released"] == want
+
+
+async def announce(js, run, version):
+    kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
+    await kv.put(run, codec.encode(WeightVersion(run=run, version=version, step=version,
+                                                 manifest_url=f"http://w/{run}/{version}")))
+
+
+async def emit(js, nc, run, service, kind, data, instance="i0"):
+    await bus.publish(js, nc, subjects.events(run, service), Event(run=run, service=service, kind=kind, data=data,
+                                                                    instance=instance))
+
+
+async def test_admission_never_exceeds_the_bound_and_grows_with_versions(live, js, nc, tmp_path):
+    await setup_run(live, tmp_path, "a1", rows=40, max_staleness=1, batch_size=3)
+    await settle_at(live, js, "a1", 6, bound=6)  # (0 + 1 + 1) * 3 before any version
+    await announce(js, "a1", 0)
+    await settle_at(live, js, "a1", 6, bound=6)
+    await announce(js, "a1", 1)
+    await settle_at(live, js, "a1", 9, bound=9)
+    await announce(js, "a1", 3)
+    await settle_at(live, js, "a1", 15, bound=15)
+    run = (await live.http.get("/v1/runs/a1")).json()
+    assert run["current_version"] == 3 and run["admission_bound"] == 15
+    versions = (await live.http.get("/v1/runs/a1/versions")).json()
+    assert [v["version"] for v in versions] == [0, 1, 3]
+    tasks = [t for _, t in await stream_prompts(js, "a1")]
+    assert sorted(t.released_at_version for t in tasks) == [0] * 6 + [1] * 3 + [3] * 6
+
+
+async def test_synchronous_baseline_releases_one_batch_per_version(live, js, tmp_path):
+    await setup_run(live, tmp_path, "s0", rows=20, max_staleness=0, batch_size=4)
+    await settle_at(live, js, "s0", 4, bound=4)
+    await announce(js, "s0", 1)
+    await settle_at(live, js, "s0", 8, bound=8)
+
+
+async def test_events_and_dead_letters_move_the_ledger_and_free_budget(live, js, nc, tmp_path):
+    await setup_run(live, tmp_path, "e1", rows=30, max_staleness=0, batch_size=5)
+    await settle_at(live, js, "e1", 5, bound=5)
+    gids = [mid for mid, _ in await stream_prompts(js, "e1")]
+    raw = {mid: None for mid in gids}
+    for seq in range(1, 100):
+        try:
+            m = await js.get_msg(subjects.PROMPTS_STREAM, seq)
+        except Exception:
+            break
+        raw[m.headers[subjects.MSG_ID_HEADER]] = m.data
+
+    await emit(js, nc, "e1", "rollout", "published", {"group_ids": gids[:4], "worker": "w0"})
+    await wait_for(lambda: _state(live, "e1", "trajectory_received", 4), what="4 groups received")
+    await emit(js, nc, "e1", "trainer", "groups", {"version": 1, "trained": gids[:2], "dropped_stale": [gids[2]],
+                                                   "filtered": [gids[3]]})
+    # a dead letter of the 5th prompt (as the rollout consumer would publish it)
+    dl = DeadLetter(run="e1", source="rollout-e1", subject=subjects.prompts("e1"), reason="max_deliver",
+                    original=raw[gids[4]], delivery_count=5, stream=subjects.PROMPTS_STREAM, stream_seq=5)
+    await bus.publish(js, nc, subjects.dlq("e1", "rollout-e1"), dl)
+    await wait_for(lambda: _state(live, "e1", "dead_lettered", 1), what="dead letter recorded")
+    lg = await ledger(live, "e1")
+    assert (lg["trained"], lg["dropped_stale"], lg["filtered"], lg["dead_lettered"]) == (2, 1, 1, 1)
+    # 3 groups were freed (stale, filtered, dead-lettered): 3 more released under the same bound of 5
+    await settle_at(live, js, "e1", 8, bound=5)
+    lg = await ledger(live, "e1")
+    assert lg["balanced"] and lg["in_flight"] == 3 and lg["outstanding"] == 5
+    # a late "published" for an already trained group does not move it backwards
+    await emit(js, nc, "e1", "rollout", "published", {"group_ids": gids[:1]})
+    await emit(js, nc, "e1", "trainer", "step", {"version": 1, "step": 1, "loss": 0.5, "reward_mean": 0.25,
+                                                 "accuracy": 0.25, "tokens_per_s": 100.0,
+                                                 "staleness_hist": {"0": 6, "1": 2}})
+    await emit(js, nc, "e1", "trainer", "step", {"version": 2, "step": 2, "loss": 0.4, "reward_mean": 0.5,
+                                                 "tokens_per_s": 120.0, "staleness_hist": {"0": 5, "2": 1}})
+    await emit(js, nc, "e1", "trainer", "health", {"status": "ok"}, instance="trainer-0")
+    await wait_for(lambda: _metric_points(live, "e1", "trainer.reward_mean", 2), what="2 reward points")
+    assert (await ledger(live, "e1"))["trained"] == 2
+    m = (await live.http.get("/v1/runs/e1/metrics", params={"name": ["reward_mean", "loss"]})).json()
+    assert m["trainer.reward_mean"] == [[1.0, 0.25], [2.0, 0.5]] and "trainer.tokens_per_s" not in m
+    assert (await live.http.get("/v1/runs/e1/staleness")).json() == {"0": 11, "1": 2, "2": 1}
+    await wait_for(lambda: _healthy(live, "trainer-0"), what="trainer health")
+    ev = (await live.http.get("/v1/runs/e1/events", params={"kind": "dead_letter"})).json()
+    assert ev[0]["data"]["group_id"] == gids[4] and ev[0]["data"]["reason"] == "max_deliver"
+    q = (await live.http.get("/v1/runs/e1/queues")).json()
+    assert q["prompts_in_stream"] == 8 and q["dead_letters_in_stream"] == 1
+
+
+async def _state(live, run, key, n):
+    return (await ledger(live, run))[key] == n
+
+
+async def _metric_points(live, run, name, n):
+    m = (await live.http.get(f"/v1/runs/{run}/metrics")).json()
+    return len(m.get(name, [])) == n
+
+
+async def _healthy(live, instance):
+    h = (await live.http.get("/v1/health")).json()
+    return any(s["instance"] == instance and s["alive"] for s in h["services"]) and h["nats"] == "connected"
+
+
+async def test_pause_holds_releases_and_resume_continues(live, js, tmp_path):
+    await setup_run(live, tmp_path, "p1", rows=20, max_staleness=0, batch_size=4)
+    await settle_at(live, js, "p1", 4, bound=4)
+    assert (await live.http.post("/v1/runs/p1/pause", headers=AUTH)).json()["status"] == "paused"
+    await announce(js, "p1", 2)
+    await wait_for(lambda: _version(live, "p1", 2), what="version 2 seen")
+    await settle_at(live, js, "p1", 4, bound=4)
+    await live.http.post("/v1/runs/p1/resume", headers=AUTH)
+    await settle_at(live, js, "p1", 12, bound=12)
+
+
+async def _version(live, run, v):
+    return (await live.http.get(f"/v1/runs/{run}")).json()["current_version"] == v

@@ -1,0 +1,151 @@
+"""FSDP2 backend: a Hugging Face causal LM sharded with `torch.distributed.fsdp.fully_shard` (one
+FSDP unit per decoder layer plus the root), data parallel over ranks. One process without torchrun
+trains the plain module (same code path otherwise). gloo on CPU, NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+
+import torch
+
+from shared.config import JetrlConfig
+from shared.tinymodel import load_policy
+from trainer_service import checkpoint, varlen
+from trainer_service.backends.base import DistMixin, init_distributed, pick_device, token_logprobs
+from trainer_service.packing import PackedBatch
+from trainer_service.step import lr_lambda
+
+log = logging.getLogger("jetrl.trainer.fsdp")
+
+
+def _attn_impl(choice: str, device: torch.device) -> str:
+    if choice == "varlen":
+        return varlen.register()
+    if choice != "auto":
+        return choice
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return varlen.register()
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no .model.layers to shard; FSDP backend supports HF decoder LMs")
+    return list(layers)
+
+
+class FSDPBackend(DistMixin):
+    def __init__(self, cfg: JetrlConfig):
+        t = cfg.trainer
+        self.cfg = cfg
+        self.device = pick_device(t.device)
+        self.rank, self.world_size = init_distributed(self.device)
+        torch.manual_seed(t.seed)
+        dtype = t.dtype if t.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
+        self.autocast_dtype = torch.bfloat16 if dtype == "bfloat16" else None
+        model, self.tokenizer = load_policy(cfg.model, "cpu")
+        model.config._attn_implementation = _attn_impl(t.attn_implementation, self.device)
+        model.config.use_cache = False
+        self._hf_config = copy.deepcopy(model.config)
+        model.to(self.device, dtype=torch.float32)  # fp32 master weights; bf16 compute via autocast
+        self.ref = None
+        if t.algorithm.kl_coef > 0:
+            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        if t.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self._dist:
+            from torch.distributed.fsdp import fully_shard
+
+            for m in [model] + ([self.ref] if self.ref is not None else []):
+                for layer in decoder_layers(m):
+                    fully_shard(layer)
+                fully_shard(m)
+        self.model = model
+        o = t.optim
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.adam_eps,
+                                           weight_decay=o.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t, cfg.schedule.total_steps))
+
+    # --- compute --------------------------------------------------------------------------------
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False):
+        model = self.model if which == "policy" else self.ref
+        ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        model.train(grad)
+        with ctx, self._autocast():
+            # attention_mask=None + restarting position_ids -> block-diagonal causal attention (sdpa/eager
+            # build the mask from position_ids); varlen/flash kernels read the sequence boundaries.
+            longest = max(m.lengths)
+            out = model(input_ids=m.input_ids, position_ids=m.position_ids, use_cache=False,
+                        cu_seq_lens_q=m.cu_seqlens, cu_seq_lens_k=m.cu_seqlens, max_length_q=longest,
+                        max_length_k=longest)
+        return token_logprobs(out.logits[0], m.targets, grad and self.cfg.trainer.algorithm.entropy_coef > 0)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def clip_and_step(self, max_norm: float) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(norm)
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # --- weights and checkpoints ----------------------------------------------------------------
+
+    def hf_config(self):
+        return self._hf_config
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if self._dist:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return sd if self.rank == 0 else None
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def _dcp_state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        return {"model": msd, "optim": osd}
+
+    def save_checkpoint(self, path: str, extra: dict) -> None:
+        checkpoint.save(path, self._dcp_state(), self.scheduler, extra, self.rank, self.barrier)
+
+    def load_checkpoint(self, path: str) -> dict:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._dcp_state()
+        extra = checkpoint.load(path, state, self.scheduler, self.rank)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        return extra
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,178 @@
+"""Intake: trajectory groups from JetStream into a buffer, and optimizer batches out of it.
+
+Exactly-once across crashes (docs/trainer.md): the TRAJECTORIES stream has limits retention, so acks
+do not delete anything and the consumer's own position is not trusted after a crash. Instead every
+checkpoint records `position()`: the stream sequence below which every group of this run is finished
+(trained, dropped as stale, filtered or a duplicate), plus the ids of recently finished groups. On
+resume the durable consumer is re-created to start at position + 1 and finished ids are skipped; the
+groups that were buffered but not trained at checkpoint time are read again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from nats.js import api
+
+from shared import subjects
+from shared.bus import ConsumerLoop
+from shared.config import JetrlConfig
+from shared.messages import Sample, TrajectoryGroup
+from trainer_service.algorithms.staleness import is_fresh, rewards_all_equal, staleness
+
+log = logging.getLogger("jetrl.trainer.intake")
+
+
+@dataclass
+class Batch:
+    """Groups of one optimizer step, with their fresh samples, and what was dropped on the way."""
+
+    groups: list[TrajectoryGroup] = field(default_factory=list)
+    fresh: list[list[Sample]] = field(default_factory=list)  # per group: the samples to train
+    dropped_stale: list[str] = field(default_factory=list)  # group ids with no fresh sample
+    dropped_stale_samples: int = 0
+    filtered: list[str] = field(default_factory=list)  # group ids dropped by the dynamic filter
+    staleness_hist: Counter = field(default_factory=Counter)  # staleness of trained samples
+
+
+@dataclass
+class IntakeState:
+    position: int = 0
+    finished: list[str] = field(default_factory=list)
+
+
+class Intake:
+    def __init__(self, cfg: JetrlConfig, js, nc, state: IntakeState | None = None):
+        self.cfg, self.js, self.nc = cfg, js, nc
+        t, s = cfg.trainer, cfg.schedule
+        self.max_buffered = t.max_buffered_groups or 4 * s.batch_size
+        self.buffer: list[tuple[int, TrajectoryGroup]] = []  # (stream seq, group), FIFO
+        self.finished: OrderedDict[str, None] = OrderedDict()
+        self.last_seq = 0
+        # Outcomes since the last batch (reported with it).
+        self.filtered: list[str] = []
+        self.dropped_stale: list[str] = []
+        self.dropped_stale_samples = 0
+        self.duplicates = 0
+        self._arrived = asyncio.Event()
+        if state is not None:
+            self.last_seq = state.position
+            for gid in state.finished:
+                self.finished[gid] = None
+        self.loop = ConsumerLoop(
+            js, nc, run=cfg.run, stream=subjects.TRAJECTORIES_STREAM, subject=subjects.trajectories(cfg.run),
+            durable=subjects.trainer_consumer(cfg.run), handler=self._handle, expect=TrajectoryGroup,
+            source="trainer", batch=1, max_in_flight=1, ack_wait_s=t.ack_wait_s,
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last_seq + 1,
+            can_fetch=lambda: len(self.buffer) < self.max_buffered,
+        )
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """(Re)create the durable consumer at the recorded position and start consuming."""
+        try:
+            await self.js.delete_consumer(subjects.TRAJECTORIES_STREAM, subjects.trainer_consumer(self.cfg.run))
+        except Exception:  # not there yet
+            pass
+        self._task = asyncio.create_task(self.loop.run())
+
+    async def stop(self) -> None:
+        self.loop.stop()
+        if self._task is not None:
+            await asyncio.wait_for(self._task, timeout=10)
+
+    # --- consuming ------------------------------------------------------------------------------
+
+    def _finish(self, gid: str) -> None:
+        self.finished[gid] = None
+        self.finished.move_to_end(gid)
+        while len(self.finished) > self.cfg.trainer.dedup_window:
+            self.finished.popitem(last=False)
+
+    async def _handle(self, group: TrajectoryGroup, msg) -> None:
+        seq = msg.metadata.sequence.stream if msg.metadata else self.last_seq + 1
+        self.last_seq = max(self.last_seq, seq)
+        gid = group.group_id
+        if gid in self.finished or any(g.group_id == gid for _, g in self.buffer):
+            self.duplicates += 1
+            log.info("duplicate group %s (seq %d) skipped", gid, seq)
+            return
+        a = self.cfg.trainer.algorithm
+        if a.dynamic_filter and rewards_all_equal([s.reward for s in group.samples], a.dynamic_filter_eps):
+            self.filtered.append(gid)
+            self._finish(gid)
+            return
+        if not group.samples:
+            self.filtered.append(gid)
+            self._finish(gid)
+            return
+        self.buffer.append((seq, group))
+        self._arrived.set()
+
+    def position(self) -> IntakeState:
+        """Where a resumed trainer must start: below `position` everything is finished; `finished`
+        holds the ids to skip above it (and the dedup window)."""
+        pos = (min(seq for seq, _ in self.buffer) - 1) if self.buffer else self.last_seq
+        return IntakeState(position=pos, finished=list(self.finished))
+
+    # --- batching -------------------------------------------------------------------------------
+
+    def _try_batch(self, version: int) -> Batch | None:
+        s = self.cfg.schedule
+        still: list[tuple[int, TrajectoryGroup]] = []
+        for seq, g in self.buffer:
+            if any(is_fresh(version, x, s.max_staleness) for x in g.samples):
+                still.append((seq, g))
+            else:  # can never become fresh again: dropped now, reported with the next batch
+                self.dropped_stale.append(g.group_id)
+                self.dropped_stale_samples += len(g.samples)
+                self._finish(g.group_id)
+        self.buffer = still
+        if len(still) < s.batch_size:
+            return None
+        take, self.buffer = still[: s.batch_size], still[s.batch_size :]
+        batch = Batch(dropped_stale=self.dropped_stale, dropped_stale_samples=self.dropped_stale_samples,
+                      filtered=self.filtered)
+        self.dropped_stale, self.dropped_stale_samples, self.filtered = [], 0, []
+        for _, g in take:
+            fresh = [x for x in g.samples if is_fresh(version, x, s.max_staleness)]
+            batch.groups.append(g)
+            batch.fresh.append(fresh)
+            batch.dropped_stale_samples += len(g.samples) - len(fresh)
+            for x in fresh:
+                batch.staleness_hist[staleness(version, x)] += 1
+            self._finish(g.group_id)
+        return batch
+
+    def take_outcomes(self) -> Batch | None:
+        """Drops and filter outcomes recorded since the last batch (to report them without a batch)."""
+        if not (self.dropped_stale or self.filtered):
+            return None
+        out = Batch(dropped_stale=self.dropped_stale, dropped_stale_samples=self.dropped_stale_samples,
+                    filtered=self.filtered)
+        self.dropped_stale, self.dropped_stale_samples, self.filtered = [], 0, []
+        return out
+
+    async def next_batch(self, version: int, timeout_s: float | None = None) -> Batch | None:
+        """The next batch of `batch_size` groups with at least one fresh sample each (FIFO), or None
+        after `timeout_s` without one. Stale samples are removed; all-stale groups are dropped."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            if self._task is not None and self._task.done():
+                exc = None if self._task.cancelled() else self._task.exception()
+                raise RuntimeError(f"trajectory consumer stopped unexpectedly: {exc!r}")
+            self._arrived.clear()
+            b = self._try_batch(version)
+            if b is not None:
+                return b
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=min(remaining or 5.0, 5.0))
+            except asyncio.TimeoutError:
+                pass

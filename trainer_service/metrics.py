@@ -1,0 +1,23 @@
+"""Prometheus metrics of the trainer (default registry, served by shared.telemetry.start_metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+VERSION = Gauge("jetrl_trainer_version", "Policy version the trainer is at (last published).")
+STEPS = Counter("jetrl_trainer_steps_total", "Optimizer steps taken.")
+GROUPS = Counter("jetrl_trainer_groups_total", "Trajectory groups by outcome.", ["outcome"])
+DROPPED_STALE_SAMPLES = Counter("jetrl_trainer_dropped_stale_samples_total",
+                                "Samples dropped because staleness > schedule.max_staleness.")
+SAMPLES = Counter("jetrl_trainer_samples_total", "Samples trained.")
+TOKENS = Counter("jetrl_trainer_tokens_total", "Tokens processed by training steps.")
+STALENESS = Histogram("jetrl_trainer_sample_staleness", "Staleness of trained samples (versions).",
+                      buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32))
+LOSS = Gauge("jetrl_trainer_loss", "Loss of the last step.")
+REWARD = Gauge("jetrl_trainer_reward_mean", "Mean reward of the samples of the last step.")
+TOKENS_PER_S = Gauge("jetrl_trainer_tokens_per_s", "Training throughput of the last step.")
+STEP_TIME = Gauge("jetrl_trainer_step_time_s", "Wall time of the last optimizer step.")
+CLIP_FRAC = Gauge("jetrl_trainer_clip_frac", "Fraction of loss tokens where the PPO clip was active.")
+BEHAV_WEIGHT = Gauge("jetrl_trainer_behav_weight_mean", "Mean decoupled importance weight pi_prox/pi_behav.")
+CAPPED_FRAC = Gauge("jetrl_trainer_capped_frac", "Fraction of loss tokens above behav_imp_weight_cap.")
+ADV_ABS = Gauge("jetrl_trainer_adv_abs_mean", "Mean |advantage| over loss tokens.")

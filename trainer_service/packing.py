@@ -1,0 +1,139 @@
+"""Sequence packing: samples -> micro-batches within a token budget -> one flat row per micro-batch.
+
+No padding compute: the sequences of a micro-batch are concatenated into one row of shape [1, T];
+`position_ids` restart at 0 for each sequence, which makes the attention block-diagonal (transformers
+builds the block mask from position_ids for sdpa/eager, flash-attention uses varlen kernels), so no
+sequence attends across a boundary. Targets are shifted inside each sequence: the logits at position
+t score token t+1 of the same sequence; the last position of every sequence scores nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class TrainItem:
+    """One sample ready to train: token arrays plus its advantage and loss coefficient."""
+
+    tokens: np.ndarray  # int, [L]
+    loss_mask: np.ndarray  # 0/1, [L]
+    behav_logp: np.ndarray  # float, [L]
+    advantage: float
+    coef: float = 0.0  # weight of each of its loss tokens in the batch loss (token_coefficients)
+    group_id: str = ""
+    reward: float = 0.0
+    staleness: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        # Token 0 can never be scored (nothing predicts it).
+        return int(np.count_nonzero(self.loss_mask[1:]))
+
+
+@dataclass
+class PackedBatch:
+    """One micro-batch: flat row of T tokens. Per-position arrays describe the *target* token t+1."""
+
+    input_ids: torch.Tensor  # [1, T] long
+    position_ids: torch.Tensor  # [1, T] long
+    targets: torch.Tensor  # [T] long (0 where nothing is scored)
+    mask: torch.Tensor  # [T] float: 1 where the target is a policy token of the same sequence
+    behav_logp: torch.Tensor  # [T]
+    advantages: torch.Tensor  # [T]
+    coef: torch.Tensor  # [T]
+    cu_seqlens: torch.Tensor  # [n+1] int32 sequence boundaries
+    seq_index: torch.Tensor  # [T] long: which sequence of the micro-batch each position belongs to
+    lengths: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def to(self, device: str | torch.device) -> PackedBatch:
+        kw = {k: getattr(self, k).to(device) for k in ("input_ids", "position_ids", "targets", "mask", "behav_logp",
+                                                        "advantages", "coef", "cu_seqlens", "seq_index")}
+        return PackedBatch(lengths=self.lengths, **kw)
+
+
+def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices of items per micro-batch, each micro-batch <= `budget` tokens (first-fit decreasing).
+
+    A sequence longer than the budget gets a micro-batch of its own (it cannot be split).
+    """
+    if budget < 1:
+        raise ValueError(f"token budget must be >= 1, got {budget}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = lengths[i]
+        for b, free in enumerate(room):
+            if n <= free:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(budget - n)
+    return [sorted(b) for b in bins]
+
+
+def split_for_ranks(lengths: Sequence[int], world: int) -> list[list[int]]:
+    """Balance items over `world` data-parallel ranks by tokens (longest first onto the lightest rank)."""
+    shares: list[list[int]] = [[] for _ in range(world)]
+    load = [0] * world
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = min(range(world), key=lambda k: (load[k], k))
+        shares[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(s) for s in shares]
+
+
+def pack(items: Sequence[TrainItem]) -> PackedBatch:
+    """Concatenate `items` into one row with per-sequence positions and shifted targets."""
+    if not items:
+        raise ValueError("cannot pack an empty micro-batch")
+    ids, pos, tgt, msk, blp, adv, cof, seq = [], [], [], [], [], [], [], []
+    cu = [0]
+    for k, it in enumerate(items):
+        n = it.length
+        toks = np.asarray(it.tokens, dtype=np.int64)
+        ids.append(toks)
+        pos.append(np.arange(n, dtype=np.int64))
+        tgt.append(np.concatenate([toks[1:], [0]]))
+        m = np.concatenate([np.asarray(it.loss_mask[1:], dtype=np.float32), [0.0]]).astype(np.float32)
+        msk.append(m)
+        blp.append(np.concatenate([np.asarray(it.behav_logp[1:], dtype=np.float32), [0.0]]))
+        adv.append(np.full(n, it.advantage, dtype=np.float32))
+        cof.append(np.full(n, it.coef, dtype=np.float32))
+        seq.append(np.full(n, k, dtype=np.int64))
+        cu.append(cu[-1] + n)
+    t = torch.from_numpy
+    return PackedBatch(
+        input_ids=t(np.concatenate(ids))[None],
+        position_ids=t(np.concatenate(pos))[None],
+        targets=t(np.concatenate(tgt)),
+        mask=t(np.concatenate(msk)),
+        behav_logp=t(np.concatenate(blp)),
+        advantages=t(np.concatenate(adv)),
+        coef=t(np.concatenate(cof)),
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+        seq_index=t(np.concatenate(seq)),
+        lengths=[it.length for it in items],
+    )
+
+
+def dummy_item(length: int = 2) -> TrainItem:
+    """A zero-weight micro-batch filler: ranks must run the same number of forward/backward passes
+    (FSDP collectives), so a rank with fewer micro-batches runs this (coef 0, no gradient effect)."""
+    return TrainItem(tokens=np.zeros(length, dtype=np.int32), loss_mask=np.zeros(length, dtype=np.uint8),
+                     behav_logp=np.zeros(length, dtype=np.float32), advantage=0.0, coef=0.0)

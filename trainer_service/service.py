@@ -1,0 +1,282 @@
+"""The trainer service: rank 0 drives, every rank executes.
+
+Rank 0 runs the asyncio service (NATS intake, batching, publishing, events); the other ranks wait in
+`follow()` for commands that rank 0 broadcasts (step / state_dict / save / load / noop / stop), so
+every collective (FSDP all-gathers, DCP save) happens in the same order on all ranks. A step is:
+batch -> advantages -> train_step (all ranks) -> full state dict (all ranks) -> publish v+1 (rank 0)
+-> events -> checkpoint every `checkpoint_every` steps (all ranks). docs/trainer.md has the details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+from shared import bus
+from shared.config import JetrlConfig
+from shared.telemetry import start_metrics
+from trainer_service import checkpoint, metrics
+from trainer_service.algorithms.advantages import group_advantages
+from trainer_service.intake import Batch, Intake, IntakeState
+from trainer_service.packing import TrainItem
+from trainer_service.publish import make_publisher
+from trainer_service.step import train_step
+
+log = logging.getLogger("jetrl.trainer")
+
+NOOP_AFTER_S = 5.0  # rank 0 pings the followers this often while it waits for data
+
+
+def norm_length(cfg: JetrlConfig) -> int:
+    return cfg.trainer.algorithm.norm_length or cfg.rollout.sampling.max_new_tokens
+
+
+def execute(backend, cmd: dict, cfg: JetrlConfig) -> Any:
+    """Run one driver command on this rank (every rank runs every command)."""
+    kind = cmd["kind"]
+    if kind == "step":
+        return train_step(backend, cmd["items"], cfg.trainer, norm_length(cfg))
+    if kind == "state_dict":
+        return backend.full_state_dict()
+    if kind == "save":
+        backend.save_checkpoint(cmd["path"], cmd["extra"])
+        if backend.rank == 0:
+            checkpoint.prune(cfg.trainer.checkpoint_dir, cfg.run, cfg.trainer.keep_checkpoints)
+        return None
+    if kind == "load":
+        return backend.load_checkpoint(cmd["path"])
+    if kind in ("noop", "stop"):
+        return None
+    raise ValueError(f"unknown trainer command {kind!r}")
+
+
+def follow(backend, cfg: JetrlConfig) -> None:
+    """Ranks > 0: execute rank 0's commands until it says stop."""
+    while True:
+        cmd = backend.broadcast(None)
+        execute(backend, cmd, cfg)
+        if cmd["kind"] == "stop":
+            return
+
+
+def batch_items(batch: Batch, cfg: JetrlConfig) -> list[TrainItem]:
+    """Advantages over each group's full reward list (stale samples still inform the baseline), then
+    one TrainItem per fresh sample."""
+    a = cfg.trainer.algorithm
+    advs = group_advantages([[s.reward for s in g.samples] for g in batch.groups], a.adv_estimator, a.adv_eps)
+    items: list[TrainItem] = []
+    for g, fresh, adv in zip(batch.groups, batch.fresh, advs, strict=True):
+        keep = {id(s) for s in fresh}
+        for s, a_i in zip(g.samples, adv, strict=True):
+            if id(s) in keep:
+                items.append(TrainItem(tokens=s.tokens, loss_mask=s.loss_mask, behav_logp=s.logprobs,
+                                       advantage=float(a_i), group_id=g.group_id, reward=float(s.reward)))
+    return items
+
+
+class Trainer:
+    """Rank 0's service loop."""
+
+    def __init__(self, cfg: JetrlConfig, backend):
+        self.cfg, self.backend = cfg, backend
+        self.instance = f"{socket.gethostname()}:{os.getpid()}"
+        self.version = 0
+        self.step = 0
+        self._stop = asyncio.Event()
+        self._stopped_followers = False
+
+    def _run(self, cmd: dict) -> Any:
+        self.backend.broadcast(cmd)
+        return execute(self.backend, cmd, self.cfg)
+
+    async def run_cmd(self, cmd: dict) -> Any:
+        return await asyncio.to_thread(self._run, cmd)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def stop_followers(self) -> None:
+        if not self._stopped_followers:
+            self._stopped_followers = True
+            await self.run_cmd({"kind": "stop"})
+
+    async def _publish(self) -> None:
+        sd = await self.run_cmd({"kind": "state_dict"})
+        wv = await self.publisher.publish(self.version, self.step, sd, self.backend.hf_config(),
+                                          self.backend.tokenizer, metadata={"instance": self.instance})
+        metrics.VERSION.set(self.version)
+        log.info("published version %d (step %d) %s", self.version, self.step, wv.manifest_url)
+
+    async def _checkpoint(self) -> None:
+        pos = self.intake.position()
+        extra = {"version": self.version, "step": self.step, "intake_position": pos.position,
+                 "finished_groups": pos.finished, "run": self.cfg.run, "time": time.time()}
+        path = checkpoint.step_dir(self.cfg.trainer.checkpoint_dir, self.cfg.run, self.step)
+        await self.run_cmd({"kind": "save", "path": str(path), "extra": extra})
+        self.last_checkpoint_step = self.step
+        await self.events.emit("checkpoint", {"version": self.version, "step": self.step, "path": str(path),
+                                              "intake_position": pos.position})
+        log.info("checkpoint step %d version %d at %s (intake position %d)", self.step, self.version, path,
+                 pos.position)
+
+    async def _start_state(self, resume: bool) -> IntakeState | None:
+        t = self.cfg.trainer
+        latest = await self.publisher.latest()
+        ck = checkpoint.latest_checkpoint(t.checkpoint_dir, self.cfg.run) if resume else None
+        if ck is not None:
+            extra = await self.run_cmd({"kind": "load", "path": str(ck)})
+            self.step = self.last_checkpoint_step = int(extra["step"])
+            ck_version = int(extra["version"])
+            announced = latest.version if latest is not None else -1
+            # Versions stay monotonic: numbering continues after anything announced since the checkpoint.
+            self.version = max(ck_version, announced)
+            await self.events.emit("resumed", {"version": ck_version, "step": self.step, "checkpoint": str(ck),
+                                               "announced_version": announced, "next_version": self.version + 1,
+                                               "intake_position": extra["intake_position"]})
+            log.info("resumed from %s: weights of version %d, step %d, next version %d", ck, ck_version,
+                     self.step, self.version + 1)
+            return IntakeState(position=int(extra["intake_position"]), finished=list(extra["finished_groups"]))
+        if resume:
+            log.warning("--resume: no checkpoint under %s; starting fresh",
+                        checkpoint.run_dir(t.checkpoint_dir, self.cfg.run))
+        if latest is not None:
+            raise RuntimeError(
+                f"run {self.cfg.run!r} already has version {latest.version} announced: resume it with --resume "
+                f"(checkpoints under {checkpoint.run_dir(t.checkpoint_dir, self.cfg.run)}) or use a new run id"
+            )
+        self.version = 0
+        await self._publish()  # version 0: the initial weights
+        return None
+
+    async def _health(self) -> None:
+        while True:
+            await self.events.emit("health", {"status": "ok", "instance": self.instance, "version": self.version})
+            await asyncio.sleep(self.cfg.telemetry.events_interval_s)
+
+    async def _train(self, batch: Batch) -> None:
+        items = batch_items(batch, self.cfg)
+        stats = await self.run_cmd({"kind": "step", "items": items})
+        self.step += 1
+        metrics.STEPS.inc()
+        if self.step % self.cfg.trainer.publish_every == 0:
+            self.version += 1
+            await self._publish()
+        rewards = [it.reward for it in items]
+        reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
+        trained = [g.group_id for g in batch.groups]
+        data = {"version": self.version, "step": self.step, "loss": stats["loss"], "reward_mean": reward_mean,
+                "samples": len(items), "groups": len(trained), "dropped_stale_samples": batch.dropped_stale_samples,
+                "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, **stats}
+        await self.events.emit("step", data)
+        await self.events.emit("groups", {"version": self.version, "step": self.step, "trained": trained,
+                                          "dropped_stale": batch.dropped_stale, "filtered": batch.filtered})
+        metrics.GROUPS.labels("trained").inc(len(trained))
+        metrics.GROUPS.labels("dropped_stale").inc(len(batch.dropped_stale))
+        metrics.GROUPS.labels("filtered").inc(len(batch.filtered))
+        metrics.DROPPED_STALE_SAMPLES.inc(batch.dropped_stale_samples)
+        metrics.SAMPLES.inc(len(items))
+        metrics.TOKENS.inc(stats["tokens"])
+        for k, v in batch.staleness_hist.items():
+            for _ in range(v):
+                metrics.STALENESS.observe(k)
+        metrics.LOSS.set(stats["loss"])
+        metrics.REWARD.set(reward_mean)
+        metrics.TOKENS_PER_S.set(stats["tokens_per_s"])
+        metrics.STEP_TIME.set(stats["step_time_s"])
+        metrics.CLIP_FRAC.set(stats["clip_frac"])
+        metrics.BEHAV_WEIGHT.set(stats["behav_weight_mean"])
+        metrics.CAPPED_FRAC.set(stats["capped_frac"])
+        metrics.ADV_ABS.set(stats["adv_abs_mean"])
+        log.info("step %d version %d loss %.4f reward %.3f samples %d dropped_stale %d tokens/s %.0f", self.step,
+                 self.version, stats["loss"], reward_mean, len(items), batch.dropped_stale_samples,
+                 stats["tokens_per_s"])
+        if self.step % self.cfg.trainer.checkpoint_every == 0:
+            await self._checkpoint()
+
+    async def _report_outcomes(self) -> None:
+        """Report groups dropped or filtered while no batch formed (the controller's ledger waits on them)."""
+        out = self.intake.take_outcomes()
+        if out is None:
+            return
+        await self.events.emit("groups", {"version": self.version, "step": self.step, "trained": [],
+                                          "dropped_stale": out.dropped_stale, "filtered": out.filtered,
+                                          "dropped_stale_samples": out.dropped_stale_samples})
+        metrics.GROUPS.labels("dropped_stale").inc(len(out.dropped_stale))
+        metrics.GROUPS.labels("filtered").inc(len(out.filtered))
+        metrics.DROPPED_STALE_SAMPLES.inc(out.dropped_stale_samples)
+
+    def _done(self) -> bool:
+        total = self.cfg.schedule.total_steps
+        return self._stop.is_set() or (total > 0 and self.version >= total)
+
+    async def serve(self, resume: bool = False) -> None:
+        cfg = self.cfg
+        start_metrics(cfg.telemetry)
+        self.nc = await bus.connect(cfg.nats, name="trainer")
+        self.js = self.nc.jetstream()
+        await bus.ensure_streams(self.js, cfg.streams)
+        self.events = bus.EventPublisher(self.js, self.nc, cfg.run, "trainer", self.instance)
+        self.publisher = make_publisher(cfg, self.js)
+        self.last_checkpoint_step = -1
+        health = None
+        self.intake = None
+        try:
+            state = await self._start_state(resume)
+            self.intake = Intake(cfg, self.js, self.nc, state)
+            await self.intake.start()
+            await self.events.emit("started", {"version": self.version, "step": self.step, "instance": self.instance})
+            health = asyncio.create_task(self._health())
+            while not self._done():
+                stop_wait = asyncio.create_task(self._stop.wait())
+                get = asyncio.create_task(self.intake.next_batch(self.version, timeout_s=NOOP_AFTER_S))
+                await asyncio.wait({stop_wait, get}, return_when=asyncio.FIRST_COMPLETED)
+                stop_wait.cancel()
+                if not get.done():
+                    get.cancel()
+                    break
+                batch = get.result()
+                if batch is None:
+                    await self.run_cmd({"kind": "noop"})
+                    await self._report_outcomes()
+                    continue
+                await self._train(batch)
+            if self.step > 0 and self.step != self.last_checkpoint_step:
+                await self._checkpoint()
+        finally:
+            if health is not None:
+                health.cancel()
+            if self.intake is not None:
+                await self.intake.stop()
+            await self.stop_followers()
+            await self.publisher.close()
+            with contextlib.suppress(Exception):
+                await self.nc.flush(timeout=5)
+            await self.nc.close()
+
+
+def run(cfg: JetrlConfig, resume: bool = False) -> None:
+    """Entry point of every rank (torchrun or a single process)."""
+    from trainer_service.backends import make_backend
+
+    backend = make_backend(cfg)
+    try:
+        if backend.rank == 0:
+            trainer = Trainer(cfg, backend)
+
+            async def main() -> None:
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, trainer.stop)
+                await trainer.serve(resume)
+
+            asyncio.run(main())
+        else:
+            follow(backend, cfg)
+    finally:
+        backend.close()

@@ -1,0 +1,132 @@
+"""Weight announcements: the KV bucket `jetrl_weights`, key `<run>` = the newest committed WeightVersion.
+
+    rev = await announce(js, wv)           # compare-and-set on the key's revision
+    wv = await latest(js, run)             # or None
+    async for wv in watch(js, run): ...    # the latest first, then every later version in order
+
+Two publishers of the same version cannot both succeed: `announce` writes with the revision it
+read, so the second one's write fails and, seeing the version taken, raises VersionConflict.
+`watch` survives a NATS disconnect or a server restart: on a silent gap (nothing for `idle_s`) it
+re-reads the key, and it catches up on missed versions from the key's history (16 entries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import nats
+from nats.js import JetStreamContext
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+
+from shared import codec
+from shared.messages import WeightVersion
+from shared.subjects import WEIGHTS_KV_BUCKET, check_run_id
+
+log = logging.getLogger("jetrl.weights.announce")
+_DELETES = ("DEL", "PURGE")
+
+
+class VersionConflict(Exception):
+    """The run already has this version or a newer one announced (another publisher won)."""
+
+    def __init__(self, run: str, version: int, announced: int):
+        super().__init__(f"run {run!r}: cannot announce version {version}, version {announced} is already announced")
+        self.run, self.version, self.announced = run, version, announced
+
+
+async def _entry(kv, run: str):
+    try:
+        return await kv.get(run)
+    except (KeyNotFoundError, KeyDeletedError):
+        return None
+
+
+def _decode(value: bytes | None) -> WeightVersion | None:
+    if not value:
+        return None
+    return codec.decode(value, expect=WeightVersion)
+
+
+async def announce(js: JetStreamContext, wv: WeightVersion) -> int:
+    """Set the run's key to `wv` if it is newer than what is announced; returns the KV revision."""
+    run = check_run_id(wv.run)
+    kv = await js.key_value(WEIGHTS_KV_BUCKET)
+    data = codec.encode(wv)
+    while True:
+        entry = await _entry(kv, run)
+        current = _decode(entry.value) if entry is not None else None
+        if current is not None and current.version >= wv.version:
+            raise VersionConflict(run, wv.version, current.version)
+        try:
+            if entry is None:
+                return await kv.create(run, data)
+            return await kv.update(run, data, last=entry.revision)
+        except KeyWrongLastSequenceError:
+            continue  # someone wrote in between: re-read and decide again
+
+
+async def latest(js: JetStreamContext, run: str) -> WeightVersion | None:
+    kv = await js.key_value(WEIGHTS_KV_BUCKET)
+    entry = await _entry(kv, check_run_id(run))
+    return _decode(entry.value) if entry is not None and entry.operation not in _DELETES else None
+
+
+async def _history(kv, run: str) -> list[WeightVersion]:
+    try:
+        entries = await kv.history(run)
+    except NoKeysError:
+        return []
+    out = [_decode(e.value) for e in entries if e.operation not in _DELETES and e.value]
+    return sorted((w for w in out if w is not None), key=lambda w: w.version)
+
+
+async def watch(js: JetStreamContext, run: str, idle_s: float = 2.0,
+                retry_s: float = 0.5) -> AsyncIterator[WeightVersion]:
+    """Yield the run's latest announced version (once there is one), then every newer one in order."""
+    run = check_run_id(run)
+    last = -1
+    while True:
+        watcher = None
+        try:
+            kv = await js.key_value(WEIGHTS_KV_BUCKET)
+            if last < 0:
+                first = await latest(js, run)
+                backlog = [first] if first is not None else []
+            else:  # after a gap: every version we missed that the history still holds
+                backlog = [w for w in await _history(kv, run) if w.version > last]
+            for wv in backlog:
+                if wv.version > last:
+                    last = wv.version
+                    yield wv
+            watcher = await kv.watch(run)
+            while True:
+                try:
+                    entry = await watcher.updates(timeout=idle_s)
+                except nats.errors.TimeoutError:
+                    # Quiet: make sure the subscription is alive (a server restart can end it silently).
+                    cur = await latest(js, run)
+                    if cur is not None and cur.version > last:
+                        break  # missed something: catch up from history
+                    continue
+                if entry is None or entry.operation in _DELETES:
+                    continue
+                wv = _decode(entry.value)
+                if wv is None or wv.version <= last:
+                    continue
+                if last >= 0 and wv.version > last + 1:
+                    break  # a gap: catch up from history so every version comes in order
+                last = wv.version
+                yield wv
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:  # disconnected, server restarting, bucket not reachable yet
+            log.debug("weights watch %s: %s: %s; retrying", run, type(exc).__name__, exc)
+            await asyncio.sleep(retry_s)
+        finally:
+            if watcher is not None:
+                try:
+                    await asyncio.wait_for(watcher.stop(), 1.0)
+                except Exception:
+                    pass

@@ -1,0 +1,64 @@
+"""`jetrl weights ...`: run the weight store service and look into it."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
+
+weights_app = typer.Typer(help="The weight store: versioned model weights over HTTP and a shared filesystem.",
+                          no_args_is_help=True)
+
+
+@weights_app.command("serve")
+def serve_cmd(config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
+    """Serve `weights.root` over HTTP on weights.host:weights.port until Ctrl-C / SIGTERM."""
+    from shared.telemetry import setup_logging
+    from weight_store.server import serve
+
+    cfg = load_or_exit(config, overrides)
+    setup_logging(cfg.telemetry, "weights")
+    run_async(serve(cfg.weights, cfg.telemetry.log_level))
+
+
+@weights_app.command("ls")
+def ls_cmd(config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
+    """List the run's versions (run = the config's `run`) on the store at weights.url."""
+    from weight_store.client import WeightStoreClient, WeightStoreError
+
+    cfg = load_or_exit(config, overrides)
+
+    async def go() -> None:
+        client = WeightStoreClient(cfg.weights)
+        try:
+            vs = await client.versions(cfg.run)
+            typer.echo(json.dumps({"run": cfg.run, "versions": vs}))
+        except (WeightStoreError, OSError) as exc:
+            typer.secho(f"weight store {cfg.weights.url}: {exc}", fg="red", err=True)
+            raise typer.Exit(1) from None
+
+    run_async(go())
+
+
+@weights_app.command("manifest")
+def manifest_cmd(version: int = typer.Argument(..., help="Version of the config's run."),
+                 config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
+    """Print the manifest of one version."""
+    from weight_store.client import WeightStoreClient, WeightStoreError
+
+    cfg = load_or_exit(config, overrides)
+
+    async def go() -> None:
+        try:
+            typer.echo(json.dumps(await WeightStoreClient(cfg.weights).manifest(cfg.run, version), indent=1))
+        except (WeightStoreError, OSError) as exc:
+            typer.secho(f"weight store {cfg.weights.url}: {exc}", fg="red", err=True)
+            raise typer.Exit(1) from None
+
+    run_async(go())
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(weights_app, name="weights")

@@ -1,0 +1,256 @@
+"""The weight store client used by the trainer (publish) and the rollout workers (fetch).
+
+    client = WeightStoreClient(cfg.weights)
+    wv = await client.publish(run, version, model.state_dict(), step=step, files={"config.json": path})
+    await announce(js, wv)                       # weight_store.announce: tell the rollout workers
+    path = await client.fetch(run, version)      # a dir: config.json + safetensors, from_pretrained-able
+    sd = load_state_dict(path)
+
+`publish` streams safetensors shards (at most `shard_size_mb` of tensor data each) from tensor
+memory, `parallel_transfers` at a time, then commits the version. `fetch` uses the store's own files
+in place when `root` is mounted here (`shared_fs`), else downloads into `cache_dir` with resume and
+sha256 checks. Blocking socket and file work runs in threads; the API is async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import quote
+
+import torch
+
+from shared.config import WeightStoreConfig
+from shared.messages import WeightVersion
+from weight_store import shards as sh
+from weight_store import transfer
+from weight_store.storage import (
+    MANIFEST,
+    check_file_name,
+    check_run,
+    check_version,
+    manifest_bytes,
+    sha256_file,
+)
+from weight_store.transfer import DigestMismatch, TransferError, WeightStoreError
+
+log = logging.getLogger("jetrl.weights.client")
+
+__all__ = ["DigestMismatch", "TransferError", "WeightStoreClient", "WeightStoreError", "load_state_dict"]
+
+
+class WeightStoreClient:
+    def __init__(self, cfg: WeightStoreConfig):
+        self.cfg = cfg
+        self.base = cfg.url.rstrip("/")
+        self.chunk = cfg.chunk_mb << 20
+        self._sem = asyncio.Semaphore(cfg.parallel_transfers)
+        self._fetching: dict[tuple[str, int], asyncio.Lock] = {}
+        self.cache = Path(cfg.cache_dir) if cfg.cache_dir else Path(tempfile.gettempdir()) / "jetrl-weights-cache"
+
+    # --- small requests ---------------------------------------------------------------------------
+
+    def _headers(self, write: bool) -> dict[str, str]:
+        tok = self.cfg.token if write else (self.cfg.read_token or self.cfg.token)
+        return {"Authorization": f"Bearer {tok}"} if tok else {}
+
+    async def _json(self, method: str, path: str, body: dict | None = None, write: bool = False) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        _, _, raw = await asyncio.to_thread(transfer.request, method, self.base + path, self._headers(write), data,
+                                            self.cfg.timeout_s)
+        return json.loads(raw)
+
+    def _vpath(self, run: str, version: int) -> str:
+        return f"/v1/runs/{quote(check_run(run))}/versions/{check_version(version)}"
+
+    async def runs(self) -> list[str]:
+        return (await self._json("GET", "/v1/runs"))["runs"]
+
+    async def versions(self, run: str) -> list[int]:
+        return (await self._json("GET", f"/v1/runs/{quote(check_run(run))}/versions"))["versions"]
+
+    async def latest(self, run: str) -> dict | None:
+        """The manifest of the run's newest committed version, or None when it has none."""
+        try:
+            return await self._json("GET", f"/v1/runs/{quote(check_run(run))}/latest")
+        except WeightStoreError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def manifest(self, run: str, version: int) -> dict:
+        return await self._json("GET", self._vpath(run, version) + "/manifest")
+
+    async def pin(self, run: str, version: int) -> None:
+        await self._json("PUT", self._vpath(run, version) + "/pin", write=True)
+
+    async def unpin(self, run: str, version: int) -> None:
+        await self._json("DELETE", self._vpath(run, version) + "/pin", write=True)
+
+    # --- publish ----------------------------------------------------------------------------------
+
+    async def publish(self, run: str, version: int, state_dict_or_dir: Mapping[str, torch.Tensor] | str | os.PathLike,
+                      step: int = 0, metadata: dict | None = None,
+                      files: Mapping[str, str | os.PathLike | bytes] | None = None) -> WeightVersion:
+        """Upload a state dict (as safetensors shards) or every file of a dir (subdirs too, dot-files
+        skipped), then commit the version.
+
+        `files` adds more files by name (config.json, tokenizer files) from paths or bytes. Does not
+        announce: call weight_store.announce.announce(js, wv) with the result.
+        """
+        run, version = check_run(run), check_version(version)
+        uploads: list[tuple[str, int, transfer.Buffers]] = []  # (name, size, buffers)
+        dtype = ""
+        if isinstance(state_dict_or_dir, (str, os.PathLike)):
+            src = Path(state_dict_or_dir)
+            if not src.is_dir():
+                raise FileNotFoundError(f"publish: {src} is not a directory")
+            for p in sorted(src.rglob("*")):
+                rel = p.relative_to(src).as_posix()
+                if p.is_file() and not any(seg.startswith(".") for seg in rel.split("/")):
+                    uploads.append((check_file_name(rel), p.stat().st_size, transfer.file_buffers(p, self.chunk)))
+            if not uploads:
+                raise FileNotFoundError(f"publish: {src} holds no files")
+        elif isinstance(state_dict_or_dir, Mapping):
+            shards = sh.plan_shards(state_dict_or_dir, self.cfg.shard_size_mb << 20)
+            dtype = sh.dtype_of(state_dict_or_dir)
+            uploads += [(s.name, s.size, s.buffers(self.chunk)) for s in shards]
+            if len(shards) > 1:
+                idx = sh.index_json(shards)
+                uploads.append((sh.INDEX_NAME, len(idx), _bytes_buffers(idx)))
+        else:
+            raise TypeError(f"publish: expected a state dict or a directory, got {type(state_dict_or_dir).__name__}")
+        for name, item in (files or {}).items():
+            check_file_name(name)
+            if isinstance(item, (bytes, bytearray)):
+                uploads.append((name, len(item), _bytes_buffers(bytes(item))))
+            else:
+                p = Path(item)
+                uploads.append((name, p.stat().st_size, transfer.file_buffers(p, self.chunk)))
+        names = [u[0] for u in uploads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"publish: file names repeat: {sorted(n for n in names if names.count(n) > 1)}")
+        vpath = self._vpath(run, version)
+
+        async def put(name: str, size: int, buffers) -> dict:
+            url = f"{self.base}{vpath}/files/{quote(name)}"
+            async with self._sem:
+                for attempt in range(self.cfg.retries + 1):
+                    try:
+                        _, digest = await asyncio.to_thread(transfer.put_stream, url, buffers, size,
+                                                            self._headers(True), self.cfg.timeout_s)
+                        return {"name": name, "size": size, "sha256": digest}
+                    except TransferError:
+                        if attempt == self.cfg.retries:
+                            raise
+                        await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+            raise AssertionError("unreachable")
+
+        declared = await asyncio.gather(*(put(*u) for u in uploads))
+        body = {"files": declared, "step": step, "dtype": dtype, "metadata": metadata or {}}
+        res = await self._json("POST", vpath + "/commit", body, write=True)
+        m = res["manifest"]
+        return WeightVersion(run=run, version=version, step=step, manifest_url=self.base + vpath + "/manifest",
+                             files=m["files"], sha256=res["manifest_sha256"], created_at=m["created_at"])
+
+    # --- fetch ------------------------------------------------------------------------------------
+
+    async def fetch(self, run: str, version: int) -> Path:
+        """A local dir holding the version's files: the store's own dir when mounted here, else a
+        verified download in `cache_dir` (a partial download is resumed)."""
+        run, version = check_run(run), check_version(version)
+        local = self._shared_dir(run, version)
+        if local is not None:
+            await asyncio.to_thread(_check_files, local, json.loads((local / MANIFEST).read_bytes()),
+                                    self.cfg.verify_shared_sha256, self.chunk)
+            return local
+        async with self._fetching.setdefault((run, version), asyncio.Lock()):  # one download per version
+            return await self._download(run, version)
+
+    async def _download(self, run: str, version: int) -> Path:
+        manifest = await self.manifest(run, version)
+        dest = self.cache / run / str(version)
+        if (dest / MANIFEST).is_file():
+            try:
+                await asyncio.to_thread(_check_files, dest, manifest, False, self.chunk)
+                return dest
+            except WeightStoreError:
+                shutil.rmtree(dest, ignore_errors=True)
+        part = self.cache / run / f".{version}.partial"
+        part.mkdir(parents=True, exist_ok=True)
+        vpath = self._vpath(run, version)
+
+        async def get(f: dict) -> None:
+            name = check_file_name(f["name"])
+            async with self._sem:
+                await asyncio.to_thread(transfer.get_file, f"{self.base}{vpath}/files/{quote(name)}", part / name,
+                                        f["size"], f["sha256"], headers=self._headers(False), chunk=self.chunk,
+                                        timeout=self.cfg.timeout_s, retries=self.cfg.retries,
+                                        verify=self.cfg.verify_sha256)
+
+        await asyncio.gather(*(get(f) for f in manifest["files"]))
+        (part / MANIFEST).write_bytes(manifest_bytes(manifest))
+        tmp = self.cache / run / f".{version}.{uuid.uuid4().hex}.old"
+        if dest.exists():
+            dest.rename(tmp)
+        part.rename(dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+        await asyncio.to_thread(self._prune_cache, run)
+        return dest
+
+    def _shared_dir(self, run: str, version: int) -> Path | None:
+        if not self.cfg.shared_fs:
+            return None
+        d = Path(self.cfg.root) / run / str(version)
+        return d if (d / MANIFEST).is_file() else None
+
+    def _prune_cache(self, run: str) -> None:
+        d = self.cache / run
+        vs = sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
+        for v in vs[: -self.cfg.cache_keep]:
+            shutil.rmtree(d / str(v), ignore_errors=True)
+
+    async def close(self) -> None:
+        """Nothing is held between calls (one connection per request)."""
+
+    @staticmethod
+    def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+        return load_state_dict(path)
+
+
+def _bytes_buffers(data: bytes) -> transfer.Buffers:
+    return lambda: [memoryview(data)]
+
+
+def _check_files(d: Path, manifest: dict, sha: bool, chunk: int) -> None:
+    for f in manifest["files"]:
+        p = d / check_file_name(f["name"])
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            raise WeightStoreError(0, "missing_file", f"{p} is missing", str(p)) from None
+        if size != f["size"]:
+            raise WeightStoreError(0, "size_mismatch", f"{p} has {size} bytes, the manifest says {f['size']}", str(p))
+        if sha and (got := sha256_file(p, chunk)) != f["sha256"]:
+            raise DigestMismatch(str(p), f["sha256"], got)
+
+
+def load_state_dict(path: str | os.PathLike, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors file `path`, or of all *.safetensors files in the dir `path`."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {p}")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(f, device=device))
+    return out
