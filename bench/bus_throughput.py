@@ -106,7 +106,7 @@ async def jetrl_side(js, nc, subject: str, durable: str, groups: list[Trajectory
 
     loop = bus.ConsumerLoop(js, nc, run="bench", stream=subjects.TRAJECTORIES_STREAM, subject=subject,
                             durable=durable, handler=handler, expect=TrajectoryGroup, batch=batch,
-                            max_in_flight=batch, fetch_timeout_s=1)
+                            max_in_flight=2 * batch, fetch_timeout_s=1)
     t0 = time.perf_counter()
     task = asyncio.create_task(loop.run())
     await asyncio.wait_for(done.wait(), 600)

@@ -53,6 +53,8 @@ class Metrics:
         r = self.registry
         self.bytes_in = Counter("jetrl_weights_bytes_in", "Bytes received in uploads.", registry=r)
         self.bytes_out = Counter("jetrl_weights_bytes_out", "Bytes sent in downloads.", registry=r)
+        self.sendfile_out = Counter("jetrl_weights_bytes_out_sendfile", "Download bytes sent with os.sendfile.",
+                                    registry=r)
         self.versions = Gauge("jetrl_weights_versions", "Committed versions held, per run.", ["run"], registry=r)
         self.commits = Counter("jetrl_weights_commits", "Versions committed.", registry=r)
         self.commit_seconds = Histogram("jetrl_weights_commit_seconds", "Latency of a commit.", registry=r,
@@ -189,6 +191,13 @@ class FileRangeResponse(Response):
             if self.head or pos >= self.end:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
+            cycle = scope.get("extensions", {}).get(SENDFILE_EXTENSION, {}).get("cycle")
+            if cycle is not None:
+                sent = await self._sendfile(loop, cycle, gone)
+                if sent is not None:
+                    if sent == self.end - self.start:
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
             nxt = loop.run_in_executor(None, os.pread, self.fd, min(self.chunk, self.end - pos), pos)
             while pos < self.end and not gone.is_set():
                 data = await nxt
@@ -206,6 +215,31 @@ class FileRangeResponse(Response):
                 await asyncio.gather(nxt, return_exceptions=True)
             os.close(self.fd)
             self.on_done()
+
+    async def _sendfile(self, loop, cycle, gone: asyncio.Event) -> int | None:
+        """Zero-copy body via os.sendfile on the connection's socket (SendfileHttpToolsProtocol).
+
+        Returns the bytes sent, or None when sendfile is not available here (nothing was sent)."""
+        f = open(self.fd, "rb", buffering=0, closefd=False)
+        pos = self.start
+        try:
+            while pos < self.end and not gone.is_set():
+                count = min(64 << 20, self.end - pos)
+                try:
+                    n = await loop.sendfile(cycle.transport, f, pos, count, fallback=False)
+                except (NotImplementedError, RuntimeError, asyncio.SendfileNotAvailableError):
+                    if pos == self.start:
+                        return None  # e.g. uvloop: use the chunked path
+                    raise
+                except OSError:  # the reader went away
+                    break
+                pos += n
+                cycle.expected_content_length -= n  # uvicorn counts the body bytes it framed itself
+                self.metrics.bytes_out.inc(n)
+                self.metrics.sendfile_out.inc(n)
+        finally:
+            f.close()
+        return pos - self.start
 
 
 def create_app(cfg: WeightStoreConfig) -> FastAPI:
@@ -417,12 +451,27 @@ async def _json_body(request: Request) -> dict:
     return body
 
 
-def http_protocol() -> str:
+SENDFILE_EXTENSION = "jetrl.sendfile"
+
+
+def http_protocol():
+    """uvicorn's httptools protocol, extended so downloads can use os.sendfile; h11 without httptools."""
     try:
-        import httptools  # noqa: F401
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return "h11"
-    return "httptools"
+
+    class SendfileHttpToolsProtocol(HttpToolsProtocol):
+        """Puts the request's cycle (its transport and Content-Length bookkeeping) into the ASGI
+        scope, for FileRangeResponse to send file bytes with loop.sendfile instead of copies."""
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            cycle = getattr(self, "cycle", None)
+            if cycle is not None and hasattr(cycle, "transport") and hasattr(cycle, "expected_content_length"):
+                self.scope.setdefault("extensions", {})[SENDFILE_EXTENSION] = {"cycle": cycle}
+
+    return SendfileHttpToolsProtocol
 
 
 async def serve(cfg: WeightStoreConfig, log_level: str = "info") -> None:
@@ -431,7 +480,7 @@ async def serve(cfg: WeightStoreConfig, log_level: str = "info") -> None:
 
     app = create_app(cfg)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level.lower(), access_log=False,
-                            http=http_protocol(), lifespan="off", log_config=None)
-    server = uvicorn.Server(config)
+                            http=http_protocol(), loop="asyncio", lifespan="off", log_config=None)
+    server = uvicorn.Server(config)  # loop "asyncio": its transports support sendfile (uvloop's do not)
     log.info("weight store on http://%s:%d, root %s", cfg.host, cfg.port, Path(cfg.root).resolve())
     await server.serve()

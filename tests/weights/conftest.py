@@ -8,11 +8,11 @@ from weights_helpers import ThreadServer, store_config
 
 @pytest.fixture
 def store(tmp_path):
-    """store(**config) -> a started ThreadServer on tmp_path/root; all are stopped at the end."""
+    """store(http=None, **config) -> a started ThreadServer (http: a uvicorn protocol, default the service's) on tmp_path/root; all are stopped at the end."""
     started: list[ThreadServer] = []
 
-    def make(**kw) -> ThreadServer:
-        srv = ThreadServer(store_config(tmp_path / "root", **kw)).start()
+    def make(http=None, **kw) -> ThreadServer:
+        srv = ThreadServer(store_config(tmp_path / "root", **kw), http=http).start()
         started.append(srv)
         return srv
 

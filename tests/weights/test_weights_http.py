@@ -67,8 +67,9 @@ async def test_fetched_dir_loads_with_transformers_from_pretrained(store, tmp_pa
     assert load_tokenizer(fetched).encode("max 3 8") == load_tokenizer(src).encode("max 3 8")
 
 
-async def test_range_download_returns_the_asked_bytes_with_etag(store):
-    srv = store()
+@pytest.mark.parametrize("http", [None, "h11"], ids=["sendfile", "chunked"])
+async def test_range_download_returns_the_asked_bytes_with_etag(store, http):
+    srv = store(http=http)
     client = WeightStoreClient(srv.cfg)
     data = bytes(range(256)) * 1000
     wv = await client.publish("r", 0, {"x": torch.frombuffer(bytearray(data), dtype=torch.uint8)})
@@ -86,10 +87,15 @@ async def test_range_download_returns_the_asked_bytes_with_etag(store):
     # If-Range with a stale ETag: the whole file instead of the range
     status, _, part = raw_request(srv.url, target=target, headers={"Range": "bytes=0-9", "If-Range": '"stale"'})
     assert status == 200 and part == body
+    status, h, part = raw_request(srv.url, "HEAD", target)
+    assert status == 200 and part == b"" and h["content-length"] == str(len(body))
+    zero_copy = srv.app.state.store.metrics.sendfile_out._value.get()
+    assert (zero_copy > 0) if http is None else (zero_copy == 0)  # which path served the bytes
 
 
-async def test_download_resumes_with_range_after_a_cut_connection(store, tmp_path):
-    srv = store(chunk_mb=1)
+@pytest.mark.parametrize("http", [None, "h11"], ids=["sendfile", "chunked"])
+async def test_download_resumes_with_range_after_a_cut_connection(store, tmp_path, http):
+    srv = store(chunk_mb=1, http=http)
     client = WeightStoreClient(srv.cfg)
     wv = await client.publish("cut", 0, state_dict(n=8, rows=512, cols=512))  # ~4 MiB
     f = wv.files[0]

@@ -39,11 +39,12 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
 class ThreadServer:
     """The real FastAPI app on uvicorn, in a thread of this process, on a free loopback port."""
 
-    def __init__(self, cfg: WeightStoreConfig):
+    def __init__(self, cfg: WeightStoreConfig, http=None):
         self.cfg = cfg
         self.app = create_app(cfg)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=cfg.port, log_level="warning",
-                                                    lifespan="off", http=http_protocol(), access_log=False))
+                                                    lifespan="off", http=http or http_protocol(), loop="asyncio",
+                                                    access_log=False))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
