@@ -4,8 +4,9 @@ Both sides publish N trajectory-sized messages (one 2,048-token sample with mask
 versions: ~27 KB) to JetStream with async, acknowledged publishes (bounded in flight, Nats-Msg-Id set),
 then consume them through a durable pull consumer with explicit acks:
 - raw:   pre-encoded bytes, `js.publish_async`; `fetch(batch)` + `ack()` per message, no decoding;
-- jetrl: `bus.publish_async` (encode + size check per message); `bus.ConsumerLoop` (decode, strict
-         checks, handler, ack, in-progress heartbeats, DLQ on poison).
+- jetrl: `bus.publish_async` (encode + size check per message); `bus.ConsumerLoop` with batch B and
+         max_in_flight 2B, so the next fetch overlaps handling (decode, strict checks, handler, ack,
+         in-progress heartbeats, DLQ on poison).
 One run, one private EmbeddedNats in a temp dir. Last line: `bus_overhead_ratio: X` =
 jetrl throughput / raw throughput (publish + consume wall time). Target >= 0.8.
 
@@ -161,7 +162,7 @@ async def main(n: int, batch: int, rounds: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=20_000, help="messages per side and round")
-    ap.add_argument("--batch", type=int, default=256, help="fetch batch (and ConsumerLoop max_in_flight)")
+    ap.add_argument("--batch", type=int, default=256, help="fetch batch (ConsumerLoop max_in_flight is twice this)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per side; the best is reported")
     args = ap.parse_args()
     asyncio.run(main(args.messages, args.batch, args.rounds))
