@@ -19,12 +19,12 @@ _registered = False
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                              scaling: float | None = None, cu_seq_lens_q: torch.Tensor | None = None, **kwargs):
     """query [1, H, T, D], key/value [1, Hkv, T, D] -> ([1, T, H, D], None)."""
-    if query.shape[0] != 1 or cu_seq_lens_q is None:
-        if query.shape[0] != 1:
-            raise ValueError(f"{NAME} attention expects one packed row, got batch {query.shape[0]}")
-        bounds = [0, query.shape[2]]
-    else:
-        bounds = cu_seq_lens_q.tolist()
+    if attention_mask is not None:
+        raise ValueError(f"{NAME} attention takes no padding mask: pack sequences instead")
+    if query.shape[0] != 1 and cu_seq_lens_q is not None:
+        raise ValueError(f"{NAME} attention expects one packed row, got batch {query.shape[0]}")
+    # Without boundaries: unpadded rows, plain causal attention per row.
+    bounds = cu_seq_lens_q.tolist() if cu_seq_lens_q is not None else [0, query.shape[2]]
     gqa = query.shape[1] != key.shape[1]
     outs = []
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
