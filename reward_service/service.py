@@ -66,6 +66,9 @@ class RewardService:
         self._tasks: set[asyncio.Task] = set()
         self._svc = None
         self._health: asyncio.Task | None = None
+        # The health loop stops on this event, not on cancel() alone: on Python 3.11 a cancel that lands
+        # while nats-py's request (asyncio.wait_for) completes is swallowed, and the loop would run on.
+        self._stopping = asyncio.Event()
         self.handled = 0
         self.started_at = time.time()
 
@@ -132,31 +135,42 @@ class RewardService:
         except Exception:
             return False
 
+    async def _pause(self) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), self.cfg.telemetry.events_interval_s)
+
     async def _health_loop(self) -> None:
         warned = False
-        while True:
+        while not self._stopping.is_set():
             if not await self._events_stream_ready():
                 if not warned:
                     log.warning("stream %s does not exist (yet): health events are off until it does",
                                 subjects.EVENTS_STREAM)
                     warned = True
-                await asyncio.sleep(self.cfg.telemetry.events_interval_s)
+                await self._pause()
                 continue
             await self.events.emit("health", {"status": "ok", "instance": self.instance, "task": self.task,
                                               "handled": self.handled, "in_flight": len(self._tasks),
                                               "pool_restarts": self.engine.pool_restarts,
                                               "uptime_s": round(time.time() - self.started_at, 1)})
-            await asyncio.sleep(self.cfg.telemetry.events_interval_s)
+            await self._pause()
 
     async def stop(self, drain_s: float = 10.0) -> None:
         """Stop taking requests, let the ones in flight finish (up to drain_s), release the pool."""
+        self._stopping.set()
         if self._health is not None:
             self._health.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._health, timeout=10.0)
         if self._svc is not None:
-            with contextlib.suppress(Exception):
-                await self._svc.stop()
+            # nats-py's subscription drain (inside micro's stop) can wait forever for a pending-message
+            # count that never reaches zero; bound it; closing the connection drops the subscriptions.
+            try:
+                await asyncio.wait_for(self._svc.stop(), timeout=5.0)
+            except asyncio.TimeoutError:
+                log.warning("reward service %s: unsubscribing took over 5 s; closing anyway", self.instance)
+            except Exception as exc:
+                log.warning("reward service %s: stop failed (%s); closing anyway", self.instance, exc)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=drain_s)
         await self.engine.close()
