@@ -171,7 +171,15 @@ class RunFollower:
             lp.stop()
         for t in self._tasks[2:]:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Bounded (see rollout_service/service.py close): a swallowed cancel must not hang shutdown.
+        if not self._tasks:
+            return
+        done, pending = await asyncio.wait(self._tasks, timeout=15.0)
+        for t in done:
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("follower task ended with %r", t.exception())
+        for t in pending:
+            log.warning("follower task %s did not stop in 15 s", t.get_name())
 
     async def _freed(self) -> None:
         if self.releaser is not None:

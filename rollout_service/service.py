@@ -134,9 +134,10 @@ class RolloutWorker:
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        # Bounded: on Python 3.11 a cancel can be swallowed by asyncio.wait_for inside nats-py, and a
+        # loop that lost its cancel would keep close() waiting forever.
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10.0)
         self._tasks.clear()
         for close in self._closers:
             with contextlib.suppress(Exception):
