@@ -26,7 +26,7 @@ class ProcessSpec:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    restart: bool = True  # restart when it exits non-zero (or at all, for long-running services)
+    restart: bool = True  # restart after a crash (non-zero exit); a clean exit 0 is never restarted
     ready_line: str = ""  # a log substring that means the service is up (informational)
 
 
@@ -88,7 +88,7 @@ class Supervisor:
                 child.last_exit = code
                 if self._stopping:
                     break
-                if code == 0 and not child.spec.restart:
+                if code == 0:  # a service that ends by itself is done (e.g. trainer at total_steps)
                     child.finished = True
                     self._say(child.spec.name, "finished")
                     break

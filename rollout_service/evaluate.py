@@ -84,13 +84,15 @@ def read_rows(path: str | Path, ecfg: EvalConfig) -> list[dict]:
                 raise ValueError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-            ref = row[_pick(row, ecfg.reference_field, REFERENCE_FIELDS, "reference", where)]
+            ref_key = _pick(row, ecfg.reference_field, REFERENCE_FIELDS, "reference", where)
             if "messages" in row and not ecfg.prompt_field:
+                prompt_key = "messages"
                 payload: dict[str, Any] = {"messages": row["messages"]}
             else:
-                payload = {"prompt": str(row[_pick(row, ecfg.prompt_field, PROMPT_FIELDS, "prompt", where)])}
-            payload["reference"] = ref
-            payload["metadata"] = {k: v for k, v in row.items() if k not in payload}
+                prompt_key = _pick(row, ecfg.prompt_field, PROMPT_FIELDS, "prompt", where)
+                payload = {"prompt": str(row[prompt_key])}
+            payload["reference"] = row[ref_key]
+            payload["metadata"] = {k: v for k, v in row.items() if k not in (ref_key, prompt_key)}
             rows.append(payload)
             if ecfg.limit and len(rows) >= ecfg.limit:
                 break

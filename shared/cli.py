@@ -18,7 +18,8 @@ SERVICE_CLIS = [
     "reward_service.cli",  # jetrl reward serve|score|check
     "rollout_service.cli",  # jetrl rollout, jetrl eval
     "trainer_service.cli",  # jetrl trainer
-    "controller.cli",  # jetrl controller, enqueue, status, up, demo
+    "controller.cli",  # jetrl controller, enqueue, status
+    "controller.launch_cli",  # jetrl up, demo, eval
 ]
 
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)

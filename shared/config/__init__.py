@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 from shared.config.base import Section
 from shared.config.common import ModelConfig, ScheduleConfig, TelemetryConfig
 from shared.config.controller import ControllerConfig
+from shared.config.eval import EvalConfig
 from shared.config.loader import ConfigError, dump_config, load_config, parse_override
 from shared.config.nats import NatsConfig, StreamsConfig
 from shared.config.reward import RewardConfig
@@ -34,6 +35,7 @@ class JetrlConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @field_validator("run")
     @classmethod
@@ -46,6 +48,7 @@ class JetrlConfig(Section):
 __all__ = [
     "ConfigError",
     "ControllerConfig",
+    "EvalConfig",
     "JetrlConfig",
     "ModelConfig",
     "NatsConfig",

@@ -1,6 +1,6 @@
 """Held-out evaluation of policy versions (`jetrl eval`, and the eval process `jetrl up` starts).
 
-docs/evaluation.md explains the numbers: mean reward over every sample, and pass@k (unbiased estimator).
+docs/launch.md ("jetrl eval") explains the numbers: mean reward over every sample, and pass@k (unbiased estimator).
 """
 
 from __future__ import annotations

@@ -1,0 +1,54 @@
+"""`jetrl up --dry-run`: the resolved config (free ports, state inside the run dir, NATS as a server to
+connect to) and one command per process, nothing started."""
+
+import subprocess
+import sys
+
+import yaml
+
+from controller.up import UpOptions, plan, resolve_config
+from shared.config import JetrlConfig, load_config
+
+
+def _cfg(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return load_config(JetrlConfig, str(p), [])
+
+
+def test_dry_run_prints_every_process_and_writes_the_resolved_config(tmp_path):
+    (tmp_path / "c.yaml").write_text("run: dry\nnats: {embedded: true}\nreward: {task: maxdigit}\n")
+    out = subprocess.run([sys.executable, "-m", "shared.cli", "up", "-c", str(tmp_path / "c.yaml"), "--dry-run",
+                          "--run-dir", str(tmp_path / "run"), "--workers", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    names = [line.split(":")[0] for line in out.stdout.split("# processes")[1].strip().splitlines()]
+    assert names == ["nats", "controller", "weights", "reward", "rollout-0", "rollout-1", "trainer"]
+    child = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert child["nats"]["embedded"] is False
+    port = int(child["nats"]["servers"][0].rsplit(":", 1)[1])
+    assert f"--port {port}" in out.stdout
+    assert child["controller"]["url"] == f"http://127.0.0.1:{child['controller']['port']}"
+    assert child["controller"]["db_url"] == f"sqlite:///{tmp_path / 'run' / 'controller.db'}"
+    assert child["weights"]["root"] == str(tmp_path / "run" / "weights")
+    assert "--resume" in out.stdout
+    assert not (tmp_path / "run" / "logs").exists()  # nothing was started
+
+
+def test_explicit_ports_and_paths_are_kept(tmp_path):
+    cfg = _cfg(tmp_path, "run: keep\ncontroller: {port: 18600, db_url: 'sqlite:////tmp/x.db'}\n"
+                         "weights: {port: 18700, root: /tmp/w}\n")
+    r = resolve_config(cfg, tmp_path / "run")
+    assert (r.controller.port, r.controller.db_url) == (18600, "sqlite:////tmp/x.db")
+    assert (r.weights.port, r.weights.root, r.weights.url) == (18700, "/tmp/w", "http://127.0.0.1:18700")
+    assert r.nats.servers == ["nats://127.0.0.1:4222"]  # not embedded: connect to the given servers
+    names = [s.name for s in plan(r, tmp_path / "run" / "config.yaml", UpOptions(run_dir=tmp_path / "run"))]
+    assert "nats" not in names
+
+
+def test_eval_follower_is_planned_when_asked_for(tmp_path):
+    cfg = _cfg(tmp_path, "run: ev\n")
+    (tmp_path / "h.jsonl").write_text('{"prompt": "max 1 2 3 4 5 =", "reference": "5"}\n')
+    opts = UpOptions(run_dir=tmp_path / "run", eval_dataset=str(tmp_path / "h.jsonl"), eval_every=3)
+    ev = [s for s in plan(resolve_config(cfg, opts.run_dir), tmp_path / "c.yaml", opts) if s.name == "eval"]
+    assert ev and ev[0].argv[-4:] == ["--dataset", str(tmp_path / "h.jsonl"), "--every", "3"]

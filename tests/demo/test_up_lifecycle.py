@@ -1,0 +1,60 @@
+"""`jetrl up` for real: every service starts and reports healthy, a SIGKILLed child is restarted, and a
+stop ends every child by itself (SIGTERM, no SIGKILL needed)."""
+
+import asyncio
+import signal
+import time
+
+import pytest
+
+from controller.up import Launcher, UpOptions
+from shared.config import JetrlConfig, load_config
+
+pytestmark = pytest.mark.slow
+
+
+async def _until(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = await check()
+        if got:
+            return got
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_up_starts_restarts_and_stops_every_service(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("run: life\nnats: {embedded: true}\ntelemetry: {events_interval_s: 1.0}\nreward: {task: maxdigit}\n"
+                 "rollout: {sampling: {max_new_tokens: 1}}\n")
+    cfg = load_config(JetrlConfig, str(p), [])
+    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False))
+    try:
+        await launcher.start(timeout_s=180)
+
+        async def healthy():
+            snap = await launcher.poll()
+            seen = {s["service"] for s in (snap.get("health") or {}).get("services", [])
+                    if s["run"] == "life" and s["alive"]}
+            running = all(c["running"] for c in snap["children"].values())
+            version = (snap.get("run") or {}).get("current_version", -1)
+            return running and {"rollout", "trainer"} <= seen and version >= 0 and snap
+
+        snap = await _until(healthy, 240, "every child running, rollout and trainer healthy, version 0")
+        assert set(snap["children"]) == {"nats", "controller", "weights", "reward", "rollout", "trainer"}
+
+        old_pid = snap["children"]["rollout"]["pid"]
+        launcher.sup.kill("rollout", signal.SIGKILL)
+
+        async def restarted():
+            st = launcher.sup.status()["rollout"]
+            return st["running"] and st["restarts"] >= 1 and st["pid"] != old_pid
+
+        await _until(restarted, 120, "the killed rollout worker to be restarted")
+        assert launcher.sup.status()["rollout"]["last_exit"] == -signal.SIGKILL
+    finally:
+        await launcher.stop()
+    logs = {name: (tmp_path / "run" / "logs" / f"{name}.log").read_text() for name in launcher.sup.children}
+    for name, c in launcher.sup.children.items():
+        assert c.proc.returncode is not None, name
+        assert "did not stop" not in logs[name], f"{name} had to be killed"
