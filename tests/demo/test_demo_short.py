@@ -12,17 +12,18 @@ pytestmark = pytest.mark.slow
 
 def test_short_demo_learns_and_writes_summary_and_plots(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "shared.cli", "demo", "--out", str(out), "--steps", "40",
-                           "--eval-every", "10", "--minutes", "8", "--no-panel"],
+    proc = subprocess.run([sys.executable, "-m", "shared.cli", "demo", "--out", str(out), "--steps", "100",
+                           "--eval-every", "20", "--minutes", "8", "--no-panel"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     for key in ("initial_heldout_reward", "final_heldout_reward", "versions", "samples_trained", "dropped_stale",
                 "unaccounted_prompts"):
         assert key in s, key
-    assert s["versions"] == 40
-    assert s["samples_trained"] >= 40 * 16 * 8
-    assert s["final_heldout_reward"] > s["initial_heldout_reward"] + 0.1
+    assert s["versions"] == 100
+    assert s["samples_trained"] >= 100 * 16 * 8
+    # measured: ~0.1 at version 0, 0.45-0.9 by version 100 (the rise starts near version 50)
+    assert s["final_heldout_reward"] > s["initial_heldout_reward"] + 0.15
     assert s["unaccounted_prompts"] == 0
     assert [v for v, _ in s["heldout_curve"]][0] == 0
     for png in ("heldout_reward.png", "staleness_hist.png", "throughput.png"):
