@@ -90,6 +90,9 @@ def store_event(Session_, run_id: str, ev: Event, stream: str, seq: int | None) 
             except IntegrityError:  # a concurrent first insert of the same key: merge again
                 continue
         return False
+    # The event row and the ledger moves it causes commit together: a controller killed in between
+    # leaves neither, so the redelivered event does both (a stored row alone would make the redelivery
+    # look like a duplicate, and its groups would never move).
     try:
         with Session_.begin() as s:
             s.add(EventRow(run_id=run_id, service=ev.service[:64], kind=ev.kind[:64], instance=ev.instance[:200],
@@ -101,17 +104,23 @@ def store_event(Session_, run_id: str, ev: Event, stream: str, seq: int | None) 
                     x = ev.time
                 s.add_all([Metric(run_id=run_id, service=ev.service[:64], name=k[:128], x=float(x), value=v,
                                   time=ev.time) for k, v in _numbers(ev.data).items()])
+            moved = _move_groups(s, run_id, ev)
     except IntegrityError:
         return False  # already stored: a redelivery
+    return moved > 0
+
+
+def _move_groups(s, run_id: str, ev: Event) -> int:
+    """Ledger moves of a trainer "groups" or rollout "published" event, in the caller's transaction."""
     moved = 0
     if ev.kind == "groups":
         version = _int32(ev.data.get("version"))
-        moved += ledger.mark(Session_, run_id, _ids(ev.data.get("trained")), TRAINED, trained_version=version)
-        moved += ledger.mark(Session_, run_id, _ids(ev.data.get("dropped_stale")), DROPPED_STALE)
-        moved += ledger.mark(Session_, run_id, _ids(ev.data.get("filtered")), FILTERED)
+        moved += ledger.mark_in(s, run_id, _ids(ev.data.get("trained")), TRAINED, trained_version=version)
+        moved += ledger.mark_in(s, run_id, _ids(ev.data.get("dropped_stale")), DROPPED_STALE)
+        moved += ledger.mark_in(s, run_id, _ids(ev.data.get("filtered")), FILTERED)
     elif ev.kind == "published":
-        moved += ledger.mark(Session_, run_id, _ids(ev.data.get("group_ids")), RECEIVED)
-    return moved > 0
+        moved += ledger.mark_in(s, run_id, _ids(ev.data.get("group_ids")), RECEIVED)
+    return moved
 
 
 def store_dead_letter(Session_, run_id: str, dl: DeadLetter, seq: int | None) -> bool:
@@ -122,16 +131,17 @@ def store_dead_letter(Session_, run_id: str, dl: DeadLetter, seq: int | None) ->
     except codec.DecodeError:
         pass
     data = {"source": dl.source, "subject": dl.subject, "reason": dl.reason, "group_id": group_id,
-            "delivery_count": dl.delivery_count}
+            "delivery_count": dl.delivery_count, "stream": dl.stream, "stream_seq": dl.stream_seq}
     try:
-        with Session_.begin() as s:
+        with Session_.begin() as s:  # the letter's row and its ledger move commit together (see store_event)
             s.add(EventRow(run_id=run_id, service=dl.source[:64], kind="dead_letter", instance="", time=dl.time,
                            data=data, stream=subjects.DLQ_STREAM, stream_seq=seq or None))
+            s.flush()
+            if group_id is None:
+                return False
+            return ledger.mark_in(s, run_id, [group_id], DEAD_LETTERED, reason=f"{dl.source}: {dl.reason}") > 0
     except IntegrityError:
         return False
-    if group_id is None:
-        return False
-    return ledger.mark(Session_, run_id, [group_id], DEAD_LETTERED, reason=f"{dl.source}: {dl.reason}") > 0
 
 
 def record_version(Session_, run_id: str, wv: WeightVersion) -> None:
@@ -205,7 +215,7 @@ class RunFollower:
             return
         await asyncio.to_thread(record_version, self.ctl.Session, self.run_id, wv)
         if self.releaser is not None:
-            self.releaser.set_version(wv.version)
+            self.releaser.set_version(wv.version, _int32(wv.step) or 0)
 
     async def _watch_weights(self) -> None:
         backoff = 0.2

@@ -9,6 +9,12 @@ as duplicates. States only move forward:
     released -> received (rollout published its trajectory) -> trained | dropped_stale | filtered
     released | received -> dead_lettered
 
+with one exception: the trainer's outcomes (trained, dropped_stale, filtered) follow the lineage of the
+final model, so a later report of a group replaces an earlier one. A trainer that resumes from a
+checkpoint reads the groups it decided after that checkpoint again and decides them again (a group
+trained into a discarded version may now be dropped as stale, since versions only grow). dead_lettered
+is final.
+
 Accounting: released = trained + dropped_stale + filtered + dead_lettered + in flight (released, received).
 """
 
@@ -29,15 +35,18 @@ from controller.db import (
     Enqueue,
     Ledger,
     Run,
+    WeightVersionRow,
     now,
 )
 
-# new state -> the states a group may be in before it
+# new state -> the states a group may be in before it. A trainer outcome may replace another one
+# (the latest report wins: see the module docstring); nothing leaves dead_lettered.
+TRAINER_OUTCOMES = (TRAINED, DROPPED_STALE, FILTERED)
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     RECEIVED: (RELEASED,),
-    TRAINED: (RELEASED, RECEIVED),
-    DROPPED_STALE: (RELEASED, RECEIVED),
-    FILTERED: (RELEASED, RECEIVED),
+    TRAINED: (RELEASED, RECEIVED, *TRAINER_OUTCOMES),
+    DROPPED_STALE: (RELEASED, RECEIVED, *TRAINER_OUTCOMES),
+    FILTERED: (RELEASED, RECEIVED, *TRAINER_OUTCOMES),
     DEAD_LETTERED: (RELEASED, RECEIVED),
 }
 
@@ -76,10 +85,27 @@ def outstanding(session: Session, run_id: str) -> int:
     ) or 0
 
 
-def admission_bound(current_version: int, max_staleness: int, batch_size: int) -> int:
-    """Groups that may be released or in flight: (current_version + max_staleness + 1) * batch_size.
-    Before any version is announced the trainer is at version 0."""
-    return (max(current_version, 0) + max_staleness + 1) * batch_size
+def admission_bound(steps: int, max_staleness: int, batch_size: int, total_steps: int = 0,
+                    publish_every: int = 1) -> int:
+    """Groups that may be released and not freed (trained ones count): (steps + (max_staleness + 1) x
+    publish_every) x batch_size, where `steps` is the trainer's optimizer step of the newest announced
+    version (0 before any). With one version per step that is AReaL's (version + max_staleness + 1) x
+    batch_size. Steps, not versions: a trainer resumed from an older checkpoint numbers its versions on
+    after the highest announced one while its lineage has trained fewer batches; counted in versions,
+    the window grew by the lost steps and groups outlived the staleness bound (measured: 15-20 % dropped
+    after a trainer kill). Never more than total_steps x batch_size when the run has a length
+    (total_steps > 0): the trainer stops after total_steps batches, so a group released beyond that would
+    never be trained and the run would end with groups in flight."""
+    bound = (max(steps, 0) + (max_staleness + 1) * publish_every) * batch_size
+    return min(bound, total_steps * batch_size) if total_steps > 0 else bound
+
+
+def announced_step(session: Session, run_id: str, version: int) -> int:
+    """The trainer step recorded with announced `version` (0 when there is none)."""
+    if version < 0:
+        return 0
+    return session.scalar(select(WeightVersionRow.step).where(WeightVersionRow.run_id == run_id,
+                                                              WeightVersionRow.version == version)) or 0
 
 
 def reserve(Session_: sessionmaker, run_id: str, rows: list[dict], cursors: dict[int, int], acked_seq: int) -> None:
@@ -110,9 +136,10 @@ def unpublished(Session_: sessionmaker, run_id: str) -> list[Ledger]:
                               .order_by(Ledger.seq)))
 
 
-def mark(Session_: sessionmaker, run_id: str, group_ids: list[str], state: str, *,
-         trained_version: int | None = None, reason: str | None = None) -> int:
-    """Move groups to `state` if they may (TRANSITIONS); returns how many moved. Unknown ids are ignored."""
+def mark_in(s: Session, run_id: str, group_ids: list[str], state: str, *,
+            trained_version: int | None = None, reason: str | None = None) -> int:
+    """Move groups to `state` if they may (TRANSITIONS), inside the caller's transaction `s` (so the
+    event that decided it and the move commit together); returns how many moved. Unknown ids are ignored."""
     if not group_ids:
         return 0
     values: dict = {"state": state, "updated_at": now()}
@@ -121,10 +148,16 @@ def mark(Session_: sessionmaker, run_id: str, group_ids: list[str], state: str, 
     if reason is not None:
         values["reason"] = reason[:2000]
     moved = 0
-    with Session_.begin() as s:
-        for i in range(0, len(group_ids), 500):
-            chunk = [str(g) for g in group_ids[i : i + 500]]
-            res = s.execute(update(Ledger).where(Ledger.run_id == run_id, Ledger.group_id.in_(chunk),
-                                                 Ledger.state.in_(TRANSITIONS[state])).values(**values))
-            moved += res.rowcount or 0
+    for i in range(0, len(group_ids), 500):
+        chunk = [str(g) for g in group_ids[i : i + 500]]
+        res = s.execute(update(Ledger).where(Ledger.run_id == run_id, Ledger.group_id.in_(chunk),
+                                             Ledger.state.in_(TRANSITIONS[state])).values(**values))
+        moved += res.rowcount or 0
     return moved
+
+
+def mark(Session_: sessionmaker, run_id: str, group_ids: list[str], state: str, *,
+         trained_version: int | None = None, reason: str | None = None) -> int:
+    """`mark_in` in a transaction of its own."""
+    with Session_.begin() as s:
+        return mark_in(s, run_id, group_ids, state, trained_version=trained_version, reason=reason)

@@ -1,5 +1,6 @@
 """Release with admission control: publish a run's enqueued prompts to `jetrl.<run>.prompts` while the
-groups released and not freed stay within (current_version + max_staleness + 1) * batch_size.
+groups released and not freed stay within (trainer step + max_staleness + 1) * batch_size, and
+within total_steps * batch_size when the run has a length (so it ends with nothing in flight).
 
 One `RunReleaser` task per run. Each batch is written to the ledger first (ledger.reserve) and then
 published with publish_async under Nats-Msg-Id = group id; the ack watermark (runs.published_seq) is
@@ -65,6 +66,7 @@ class RunReleaser:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self.current_version = -1
+        self.current_step = 0  # the trainer step of current_version (see ledger.admission_bound)
         self.outstanding = 0
         self.released_total = 0
         self._perm_cache: dict = {}
@@ -81,9 +83,9 @@ class RunReleaser:
         self._stop.set()
         self._wake.set()
 
-    def set_version(self, version: int) -> None:
+    def set_version(self, version: int, step: int) -> None:
         if version > self.current_version:
-            self.current_version = version
+            self.current_version, self.current_step = version, step
             self.wake()
 
     async def refresh(self) -> None:
@@ -91,6 +93,10 @@ class RunReleaser:
         the loop's own step touches the count, so a recount can never miss a batch being committed.)"""
         self._recount = True
         self.wake()
+
+    def _announced_step(self, version: int) -> int:
+        with self.ctl.Session() as s:
+            return ledger.announced_step(s, self.run_id, version)
 
     def _count(self) -> int:
         with self.ctl.Session() as s:
@@ -101,7 +107,9 @@ class RunReleaser:
         run, _ = await asyncio.to_thread(self._load)
         if run is None:
             return
-        self.current_version = max(self.current_version, run.current_version)
+        if run.current_version > self.current_version:
+            self.current_version = run.current_version
+            self.current_step = await asyncio.to_thread(self._announced_step, run.current_version)
         self.outstanding = await asyncio.to_thread(self._count)
         await self._republish_unconfirmed()
         acked_seq = await asyncio.to_thread(self._published_seq)
@@ -176,7 +184,9 @@ class RunReleaser:
         return self._cfg
 
     def budget(self, cfg: JetrlConfig) -> int:
-        bound = ledger.admission_bound(self.current_version, cfg.schedule.max_staleness, cfg.schedule.batch_size)
+        sc = cfg.schedule
+        bound = ledger.admission_bound(self.current_step, sc.max_staleness, sc.batch_size, sc.total_steps,
+                                       cfg.trainer.publish_every)
         return bound - self.outstanding
 
     def _rate_allowance(self, want: int) -> int:

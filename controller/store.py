@@ -104,12 +104,14 @@ def parse_run_config(body: bytes, content_type: str) -> JetrlConfig:
 def run_dict(s: Session, r: Run) -> dict:
     cfg = r.config
     sched = cfg.get("schedule", {})
-    ms, bs = sched.get("max_staleness", 4), sched.get("batch_size", 8)
+    ms, bs, total = sched.get("max_staleness", 4), sched.get("batch_size", 8), sched.get("total_steps", 0)
+    every = cfg.get("trainer", {}).get("publish_every", 1)
+    step = ledger.announced_step(s, r.id, r.current_version)
     summ = ledger.summary(s, r.id)
     enq_total = s.scalar(select(func.coalesce(func.sum(Enqueue.total), 0)).where(Enqueue.run_id == r.id)) or 0
     return {"id": r.id, "status": r.status, "created_at": r.created_at, "updated_at": r.updated_at,
             "current_version": r.current_version, "max_staleness": ms, "batch_size": bs,
-            "admission_bound": ledger.admission_bound(r.current_version, ms, bs),
+            "current_step": step, "admission_bound": ledger.admission_bound(step, ms, bs, total, every),
             "enqueued": int(enq_total), "ledger": summ}
 
 

@@ -185,6 +185,18 @@ def dry_run_text(cfg: JetrlConfig, opts: UpOptions) -> str:
 # --- the launcher -----------------------------------------------------------------------------
 
 
+async def poll_until(check, timeout_s: float, what: str, every_s: float = 0.5):
+    """Await `check()` every `every_s` until it returns something truthy (returned); TimeoutError naming
+    `what` after `timeout_s`. For scripts and tests driving a launched run."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = await check()
+        if got:
+            return got
+        await asyncio.sleep(every_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
 def _port_open(url: str) -> bool:
     from urllib.parse import urlparse
 
@@ -313,13 +325,11 @@ class Launcher:
         return snap
 
     def trainer_done(self, snap: dict) -> bool:
-        """The trainer reached schedule.total_steps and exited (it is then not restarted)."""
+        """The trainer finished schedule.total_steps: it exited with 0 by itself (a clean exit is never
+        restarted). Not the version: after a resume from an older checkpoint versions run ahead of steps."""
         total = self.resolved.schedule.total_steps
-        version = (snap.get("run") or {}).get("current_version", -1)
-        if total and version >= total and self.sup is not None:
-            self.sup.children["trainer"].spec.restart = False  # its clean exit now ends it
         st = snap.get("children", {}).get("trainer", {})
-        return bool(total and version >= total and (st.get("finished") or not st.get("running")))
+        return bool(total and st.get("finished") and st.get("last_exit") == 0)
 
     async def stop_child(self, name: str, timeout_s: float = 60.0) -> None:
         """SIGTERM one child and wait for it; it is not restarted."""

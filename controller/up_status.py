@@ -46,7 +46,7 @@ def render(cfg, snap: dict):
     top.add_row(
         f"[bold]run[/] {cfg.run} ({run.get('status', '?')})",
         f"[bold]version[/] {run.get('current_version', '-')}"
-        + (f"/{cfg.schedule.total_steps}" if cfg.schedule.total_steps else ""),
+        + (f" (step {last.get('step', '-')}/{cfg.schedule.total_steps})" if cfg.schedule.total_steps else ""),
         f"[bold]reward[/] {_fmt(last.get('reward_mean'))}",
         f"[bold]held-out[/] {_fmt(ev.get('reward'))}" + (f" (v{ev['version']})" if ev else ""),
     )

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -212,9 +213,16 @@ async def publish_async(js: JetStreamContext, nc: NATS, subject: str, msg: Any,
     return await js.publish_async(subject, data, headers=headers)
 
 
+class EventNotDelivered(RuntimeError):
+    """An event that must reach the controller was not acknowledged before the service began to stop."""
+
+
 class EventPublisher:
-    """Publishes Events of one service to `jetrl.<run>.events.<service>`; never raises (events are best-effort
-    telemetry, the work they describe is already durable)."""
+    """Publishes Events of one service to `jetrl.<run>.events.<service>`. `emit` never raises (telemetry is
+    best-effort, the work it describes is already durable); `emit_acked` is for the few events the
+    controller's ledger depends on (the trainer's "groups"), which must survive a NATS outage."""
+
+    RETRY_S = (0.5, 10.0)  # emit_acked: first and longest pause between attempts
 
     def __init__(self, js: JetStreamContext, nc: NATS, run: str, service: str, instance: str = ""):
         self.js, self.nc, self.run, self.service, self.instance = js, nc, run, service, instance
@@ -226,6 +234,28 @@ class EventPublisher:
             await publish(self.js, self.nc, self.subject, ev, msg_id=msg_id, timeout=5.0)
         except Exception as exc:
             log.warning("event %s not published: %s", kind, exc)
+
+    async def emit_acked(self, kind: str, data: dict | None = None, stop: asyncio.Event | None = None) -> None:
+        """Publish until JetStream acknowledges the event, with back-off; one Nats-Msg-Id for every attempt,
+        so an attempt that was stored but whose ack was lost is not stored twice. Raises EventNotDelivered
+        once `stop` is set (the caller must then not act as if the event was delivered)."""
+        ev = Event(run=self.run, service=self.service, kind=kind, data=data or {}, instance=self.instance)
+        msg_id = f"{self.service}:{kind}:{uuid.uuid4().hex}"
+        delay = self.RETRY_S[0]
+        while True:
+            try:
+                await publish(self.js, self.nc, self.subject, ev, msg_id=msg_id, timeout=5.0)
+                return
+            except codec.MessageTooLarge:
+                raise
+            except Exception as exc:
+                if stop is not None and stop.is_set():
+                    raise EventNotDelivered(f"event {kind} of run {self.run} not acknowledged by JetStream "
+                                            f"before stopping: {type(exc).__name__}: {exc}") from exc
+                log.warning("event %s not acknowledged (%s: %s); retrying in %.1fs", kind, type(exc).__name__, exc,
+                            delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.RETRY_S[1])
 
 
 # --- the durable consumer loop --------------------------------------------------------------------

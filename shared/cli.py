@@ -16,7 +16,7 @@ from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit
 SERVICE_CLIS = [
     "weight_store.cli",  # jetrl weights serve|...
     "reward_service.cli",  # jetrl reward serve|score|check
-    "rollout_service.cli",  # jetrl rollout, jetrl eval
+    "rollout_service.cli",  # jetrl rollout
     "trainer_service.cli",  # jetrl trainer
     "controller.cli",  # jetrl controller, enqueue, status
     "controller.launch_cli",  # jetrl up, demo, eval
@@ -66,7 +66,7 @@ def nats_cmd(
     from shared.natsd import EmbeddedNats
 
     srv = EmbeddedNats(store_dir, port=port, host=host, max_payload=max_payload_mb * 1024 * 1024,
-                       sync_interval=sync_interval, user=user, password=password, token=token)
+                       sync_interval=sync_interval, user=user, password=password, token=token, die_with_parent=True)
     srv.start()
     typer.echo(f"nats-server {srv.url} (JetStream store {srv.store_dir}, log {srv.log_file}); Ctrl-C to stop")
     done = threading.Event()

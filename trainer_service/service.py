@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shared import bus
@@ -25,12 +26,13 @@ from trainer_service import checkpoint, metrics
 from trainer_service.algorithms.advantages import group_advantages
 from trainer_service.intake import Batch, Intake, IntakeState
 from trainer_service.packing import TrainItem
-from trainer_service.publish import make_publisher
+from trainer_service.publish import VersionTakenError, make_publisher, retryable_publish_error
 from trainer_service.step import train_step
 
 log = logging.getLogger("jetrl.trainer")
 
 NOOP_AFTER_S = 5.0  # rank 0 pings the followers this often while it waits for data
+PUBLISH_RETRY_S = (0.5, 10.0)  # first and longest pause between attempts to publish a version
 
 
 def norm_length(cfg: JetrlConfig) -> int:
@@ -41,6 +43,8 @@ def execute(backend, cmd: dict, cfg: JetrlConfig) -> Any:
     """Run one driver command on this rank (every rank runs every command)."""
     kind = cmd["kind"]
     if kind == "step":
+        if cfg.trainer.backend == "sim":  # a step-cost model instead of the optimizer step (backends/sim.py)
+            return backend.simulated_step(cmd["items"])
         return train_step(backend, cmd["items"], cfg.trainer, norm_length(cfg))
     if kind == "state_dict":
         return backend.full_state_dict()
@@ -90,13 +94,18 @@ class Trainer:
         self.step = 0
         self._stop = asyncio.Event()
         self._stopped_followers = False
+        # One thread runs every backend command, in order: commands must not overlap (collectives), and
+        # torch work hopping between the default pool's threads spreads its allocations over several
+        # malloc arenas (the suspected cause of a SmolLM2 trainer growing from ~7 to ~11 GB over 12 steps
+        # while the same steps on one thread stayed flat; docs/benchmarks.md).
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jetrl-trainer-backend")
 
     def _run(self, cmd: dict) -> Any:
         self.backend.broadcast(cmd)
         return execute(self.backend, cmd, self.cfg)
 
     async def run_cmd(self, cmd: dict) -> Any:
-        return await asyncio.to_thread(self._run, cmd)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, self._run, cmd)
 
     def stop(self) -> None:
         self._stop.set()
@@ -107,9 +116,27 @@ class Trainer:
             await self.run_cmd({"kind": "stop"})
 
     async def _publish(self) -> None:
+        """Store and announce the current weights as `self.version`. While the weight store or NATS is
+        down (restarting), retry with back-off instead of crashing: a crash would throw away the steps
+        since the last checkpoint. Publishing is idempotent per (instance, version), so a retry after a
+        commit or an announcement whose reply was lost finishes it instead of failing."""
         sd = await self.run_cmd({"kind": "state_dict"})
-        wv = await self.publisher.publish(self.version, self.step, sd, self.backend.hf_config(),
-                                          self.backend.tokenizer, metadata={"instance": self.instance})
+        delay = PUBLISH_RETRY_S[0]
+        while True:
+            try:
+                wv = await self.publisher.publish(self.version, self.step, sd, self.backend.hf_config(),
+                                                  self.backend.tokenizer, metadata={"instance": self.instance})
+                break
+            except VersionTakenError as exc:  # left behind by a trainer that died before announcing it
+                log.warning("%s; publishing as version %d instead", exc, self.version + 1)
+                self.version += 1
+            except Exception as exc:
+                if not retryable_publish_error(exc) or self._stop.is_set():
+                    raise
+                log.warning("publishing version %d failed (%s: %s); retrying in %.1fs", self.version,
+                            type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, PUBLISH_RETRY_S[1])
         metrics.VERSION.set(self.version)
         log.info("published version %d (step %d) %s", self.version, self.step, wv.manifest_url)
 
@@ -136,9 +163,9 @@ class Trainer:
             announced = latest.version if latest is not None else -1
             # Versions stay monotonic: numbering continues after anything announced since the checkpoint.
             self.version = max(ck_version, announced)
-            await self.events.emit("resumed", {"version": ck_version, "step": self.step, "checkpoint": str(ck),
-                                               "announced_version": announced, "next_version": self.version + 1,
-                                               "intake_position": extra["intake_position"]})
+            await self.events.emit_acked("resumed", {
+                "version": ck_version, "step": self.step, "checkpoint": str(ck), "announced_version": announced,
+                "next_version": self.version + 1, "intake_position": extra["intake_position"]}, stop=self._stop)
             log.info("resumed from %s: weights of version %d, step %d, next version %d", ck, ck_version,
                      self.step, self.version + 1)
             return IntakeState(position=int(extra["intake_position"]), finished=list(extra["finished_groups"]))
@@ -174,8 +201,11 @@ class Trainer:
                 "samples": len(items), "groups": len(trained), "dropped_stale_samples": batch.dropped_stale_samples,
                 "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, **stats}
         await self.events.emit("step", data)
-        await self.events.emit("groups", {"version": self.version, "step": self.step, "trained": trained,
-                                          "dropped_stale": batch.dropped_stale, "filtered": batch.filtered})
+        # Acked (retried through a NATS outage): the controller's ledger learns the outcomes only from
+        # this event, and the checkpoint below must not move past outcomes nobody heard of.
+        await self.events.emit_acked("groups", {"version": self.version, "step": self.step, "trained": trained,
+                                                "dropped_stale": batch.dropped_stale, "filtered": batch.filtered},
+                                     stop=self._stop)
         metrics.GROUPS.labels("trained").inc(len(trained))
         metrics.GROUPS.labels("dropped_stale").inc(len(batch.dropped_stale))
         metrics.GROUPS.labels("filtered").inc(len(batch.filtered))
@@ -204,16 +234,20 @@ class Trainer:
         out = self.intake.take_outcomes()
         if out is None:
             return
-        await self.events.emit("groups", {"version": self.version, "step": self.step, "trained": [],
-                                          "dropped_stale": out.dropped_stale, "filtered": out.filtered,
-                                          "dropped_stale_samples": out.dropped_stale_samples})
+        await self.events.emit_acked("groups", {"version": self.version, "step": self.step, "trained": [],
+                                                "dropped_stale": out.dropped_stale, "filtered": out.filtered,
+                                                "dropped_stale_samples": out.dropped_stale_samples},
+                                     stop=self._stop)
         metrics.GROUPS.labels("dropped_stale").inc(len(out.dropped_stale))
         metrics.GROUPS.labels("filtered").inc(len(out.filtered))
         metrics.DROPPED_STALE_SAMPLES.inc(out.dropped_stale_samples)
 
     def _done(self) -> bool:
+        # Steps, not versions: after a resume from an older checkpoint the versions jump past the lost
+        # steps (numbering continues after the highest announced one), but the final model's lineage
+        # still needs total_steps batches, and the controller released exactly that many.
         total = self.cfg.schedule.total_steps
-        return self._stop.is_set() or (total > 0 and self.version >= total)
+        return self._stop.is_set() or (total > 0 and self.step >= total)
 
     async def serve(self, resume: bool = False) -> None:
         cfg = self.cfg

@@ -70,6 +70,9 @@ class WeightStoreClient:
     def _vpath(self, run: str, version: int) -> str:
         return f"/v1/runs/{quote(check_run(run))}/versions/{check_version(version)}"
 
+    def manifest_url(self, run: str, version: int) -> str:
+        return self.base + self._vpath(run, version) + "/manifest"
+
     async def runs(self) -> list[str]:
         return (await self._json("GET", "/v1/runs"))["runs"]
 
@@ -157,7 +160,7 @@ class WeightStoreClient:
         body = {"files": declared, "step": step, "dtype": dtype, "metadata": metadata or {}}
         res = await self._json("POST", vpath + "/commit", body, write=True)
         m = res["manifest"]
-        return WeightVersion(run=run, version=version, step=step, manifest_url=self.base + vpath + "/manifest",
+        return WeightVersion(run=run, version=version, step=step, manifest_url=self.manifest_url(run, version),
                              files=m["files"], sha256=res["manifest_sha256"], created_at=m["created_at"])
 
     # --- fetch ------------------------------------------------------------------------------------

@@ -19,7 +19,13 @@ class ScheduleConfig(Section):
         "0 with blocking releases is the synchronous baseline.",
     )
     batch_size: int = Field(8, ge=1, description="Trajectory groups per optimizer step.")
-    total_steps: int = Field(0, ge=0, description="Stop after this many published versions (0 = until the data ends).")
+    total_steps: int = Field(
+        0,
+        ge=0,
+        description="Length of the run: the trainer stops after this many optimizer steps in the final model's "
+        "lineage (a resumed trainer counts from its checkpoint's step), and the controller releases at most "
+        "total_steps x batch_size groups not dropped (0 = until the data ends).",
+    )
 
 
 class ModelConfig(Section):

@@ -19,12 +19,14 @@ from shared import bus, codec, subjects
 from shared.messages import DeadLetter, Event, WeightVersion
 
 
-async def setup_run(live, tmp_path, run, rows, max_staleness, batch_size):
+async def setup_run(live, tmp_path, run, rows, max_staleness, batch_size, total_steps=0):
     p = tmp_path / f"{run}.jsonl"
     write_jsonl(p, maxdigit_rows(rows))
     with open(p, "rb") as f:
         d = (await live.http.post("/v1/datasets", files={"file": (p.name, f)}, headers=AUTH)).json()
-    r = await live.http.post("/v1/runs", json=run_config(run, max_staleness, batch_size), headers=AUTH)
+    cfg = run_config(run, max_staleness, batch_size)
+    cfg["schedule"]["total_steps"] = total_steps
+    r = await live.http.post("/v1/runs", json=cfg, headers=AUTH)
     assert r.status_code == 201, r.text
     r = await live.http.post(f"/v1/runs/{run}/enqueues", json={"dataset": str(d["id"])}, headers=AUTH)
     assert r.status_code == 201, r.text
@@ -77,6 +79,44 @@ async def test_admission_never_exceeds_the_bound_and_grows_with_versions(live, j
     assert [v["version"] for v in versions] == [0, 1, 3]
     tasks = [t for _, t in await stream_prompts(js, "a1")]
     assert sorted(t.released_at_version for t in tasks) == [0] * 6 + [1] * 3 + [3] * 6
+
+
+async def test_after_a_trainer_resume_the_bound_follows_its_steps_not_its_versions(live, js, nc, tmp_path):
+    # A trainer killed at version 6 resumed from its step-4 checkpoint and published version 7 at step 5:
+    # its lineage has trained 5 batches, so the window is (5 + 1 + 1) x 3, not (7 + 1 + 1) x 3.
+    await setup_run(live, tmp_path, "j1", rows=40, max_staleness=1, batch_size=3)
+    await announce(js, "j1", 6)
+    await settle_at(live, js, "j1", 24, bound=24)
+    kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
+    await kv.put("j1", codec.encode(WeightVersion(run="j1", version=7, step=5, manifest_url="http://w/j1/7")))
+    await wait_for(lambda: _current_version_is(live, "j1", 7), what="version 7 seen")
+    run = (await live.http.get("/v1/runs/j1")).json()
+    assert run["current_step"] == 5 and run["admission_bound"] == 21
+    await settle_at(live, js, "j1", 24, bound=24)  # nothing more released: 24 out already
+
+
+async def _current_version_is(live, run, v):
+    return (await live.http.get(f"/v1/runs/{run}")).json()["current_version"] == v
+
+
+async def test_a_run_of_total_steps_never_has_more_groups_out_than_it_will_train(live, js, nc, tmp_path):
+    """The bound is capped at total_steps x batch_size groups not freed, so the run ends with nothing in
+    flight; groups dropped (or re-decided as dropped by a resumed trainer) make room for others."""
+    await setup_run(live, tmp_path, "n1", rows=30, max_staleness=1, batch_size=3, total_steps=3)
+    await settle_at(live, js, "n1", 6, bound=6)  # (0 + 1 + 1) * 3
+    await announce(js, "n1", 5)  # (5 + 1 + 1) * 3 = 21, but the run trains 3 x 3 groups
+    await settle_at(live, js, "n1", 9, bound=9)
+    assert (await live.http.get("/v1/runs/n1")).json()["admission_bound"] == 9
+    gids = [mid for mid, _ in await stream_prompts(js, "n1")]
+    await emit(js, nc, "n1", "trainer", "groups", {"version": 5, "step": 1, "trained": gids[:3],
+                                                   "dropped_stale": gids[3:5], "filtered": []})
+    await settle_at(live, js, "n1", 11, bound=9)  # two dropped: two more released
+    # a resumed trainer reads gids[0] again and now drops it as stale: the latest report wins
+    await emit(js, nc, "n1", "trainer", "groups", {"version": 7, "step": 1, "trained": [],
+                                                   "dropped_stale": gids[:1], "filtered": []})
+    await settle_at(live, js, "n1", 12, bound=9)
+    lg = await ledger(live, "n1")
+    assert (lg["trained"], lg["dropped_stale"], lg["outstanding"]) == (2, 3, 9)
 
 
 async def test_synchronous_baseline_releases_one_batch_per_version(live, js, tmp_path):

@@ -180,4 +180,4 @@ async def _published_seq(live, run, n):
 
 async def announce_version(js, run, version):
     kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
-    await kv.put(run, codec.encode(WeightVersion(run=run, version=version)))
+    await kv.put(run, codec.encode(WeightVersion(run=run, version=version, step=version)))

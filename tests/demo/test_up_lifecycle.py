@@ -1,26 +1,14 @@
 """`jetrl up` for real: every service starts and reports healthy, a SIGKILLed child is restarted, and a
 stop ends every child by itself (SIGTERM, no SIGKILL needed)."""
 
-import asyncio
 import signal
-import time
 
 import pytest
 
-from controller.up import Launcher, UpOptions
+from controller.up import Launcher, UpOptions, poll_until
 from shared.config import JetrlConfig, load_config
 
 pytestmark = pytest.mark.slow
-
-
-async def _until(check, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = await check()
-        if got:
-            return got
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_up_starts_restarts_and_stops_every_service(tmp_path):
@@ -40,7 +28,7 @@ async def test_up_starts_restarts_and_stops_every_service(tmp_path):
             version = (snap.get("run") or {}).get("current_version", -1)
             return running and {"rollout", "trainer"} <= seen and version >= 0 and snap
 
-        snap = await _until(healthy, 240, "every child running, rollout and trainer healthy, version 0")
+        snap = await poll_until(healthy, 240, "every child running, rollout and trainer healthy, version 0")
         assert set(snap["children"]) == {"nats", "controller", "weights", "reward", "rollout", "trainer"}
 
         old_pid = snap["children"]["rollout"]["pid"]
@@ -50,7 +38,7 @@ async def test_up_starts_restarts_and_stops_every_service(tmp_path):
             st = launcher.sup.status()["rollout"]
             return st["running"] and st["restarts"] >= 1 and st["pid"] != old_pid
 
-        await _until(restarted, 120, "the killed rollout worker to be restarted")
+        await poll_until(restarted, 120, "the killed rollout worker to be restarted")
         assert launcher.sup.status()["rollout"]["last_exit"] == -signal.SIGKILL
     finally:
         await launcher.stop()

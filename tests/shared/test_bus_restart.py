@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from shared import bus, subjects
 from shared.messages import Sample, TrajectoryGroup
@@ -78,3 +79,31 @@ async def test_sigkilled_server_restarted_on_same_store_loses_no_acked_message_a
         loop.stop()
         await asyncio.wait_for(task, 30)
     assert handled == {f"p{i}" for i in range(40)}
+
+
+async def test_an_acked_event_outlives_a_server_outage_longer_than_one_attempt_and_is_stored_once(
+        nats_server, js, nc):
+    """emit_acked (the trainer's "groups" events, which the controller's ledger depends on) retries until
+    JetStream stores the event; a best-effort emit would give up after its 5 s timeout."""
+    events = bus.EventPublisher(js, nc, RUN, "trainer", "t0")
+    nats_server.kill()
+    await wait_until(lambda: not nc.is_connected, 10, "client to notice the crash")
+    sent = asyncio.create_task(events.emit_acked("groups", {"trained": [f"{RUN}:0:p1"]}))
+    await asyncio.sleep(6.0)  # longer than one attempt's timeout
+    assert not sent.done()
+    nats_server.restart()
+    await asyncio.wait_for(sent, 60)
+    subject = subjects.events(RUN, "trainer")
+    info = await js.stream_info(subjects.EVENTS_STREAM, subjects_filter=subject)
+    assert (info.state.subjects or {}).get(subject) == 1  # retries of one event are one event
+
+
+async def test_an_acked_event_gives_up_once_the_service_stops(nats_server, js, nc):
+    events = bus.EventPublisher(js, nc, RUN, "trainer", "t0")
+    nats_server.kill()
+    stop = asyncio.Event()
+    sent = asyncio.create_task(events.emit_acked("groups", {"trained": []}, stop=stop))
+    await asyncio.sleep(0.5)
+    stop.set()
+    with pytest.raises(bus.EventNotDelivered):
+        await asyncio.wait_for(sent, 30)

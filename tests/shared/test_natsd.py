@@ -55,3 +55,36 @@ def test_a_server_that_cannot_start_fails_with_its_log(tmp_path):
         clash = EmbeddedNats(tmp_path / "b", port=port)
         with pytest.raises(RuntimeError, match="nats-server exited"):
             clash.start(timeout=20)
+
+
+def test_sigkilled_jetrl_nats_takes_its_server_down_so_a_restart_gets_the_port(tmp_path):
+    """`jetrl up` restarts a crashed `jetrl nats` on the same port and store dir: the server the killed
+    wrapper started must not outlive it (it would hold both)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    port = free_port()
+    argv = [sys.executable, "-m", "shared.cli", "nats", "--port", str(port), "--store-dir", str(tmp_path / "store")]
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    def until(cond, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+
+    wrapper = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        until(listening, "jetrl nats never listened")
+        wrapper.send_signal(signal.SIGKILL)
+        wrapper.wait(10)
+        until(lambda: not listening(), "the nats-server outlived its SIGKILLed wrapper")
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()

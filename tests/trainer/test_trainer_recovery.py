@@ -16,8 +16,9 @@ RUN = "rec"
 @pytest.mark.slow
 async def test_sigkill_after_step_3_with_checkpoint_at_2_resumes_at_version_2_and_trains_each_group_once(
         nats_server, js, nc, tmp_path):
+    # 5 steps in the final model's lineage: 1-2 from the first run, 3-5 after the resume (versions 4-6)
     ov = trainer_overrides(nats_server.url, tmp_path, RUN, **{"trainer.checkpoint_every": 2,
-                                                             "schedule.total_steps": 6})
+                                                             "schedule.total_steps": 5})
     await publish_groups(js, nc, [make_group(RUN, i) for i in range(6)])
     log = tmp_path / "trainer.log"
     p = start_trainer(ov, log)
@@ -59,6 +60,8 @@ async def test_sigkill_after_step_3_with_checkpoint_at_2_resumes_at_version_2_an
 
     versions = [s["version"] for s in steps(evs)]
     assert versions == [1, 2, 3, 4, 5, 6]  # monotonic across the crash
+    # it stopped after total_steps steps of the lineage, although its version is past total_steps
+    assert [s["step"] for s in steps(evs)] == [1, 2, 3, 3, 4, 5]
     latest = await latest_announced(js, RUN)
     assert latest.version == 6
 
