@@ -48,7 +48,7 @@ def config(url: str, run: str, concurrency: int, vocab: int) -> JetrlConfig:
         "run": run, "nats": {"servers": [url]}, "reward": {"task": "maxdigit"},
         "telemetry": {"metrics_port": -1, "log_level": "WARNING"},
         "rollout": {"engine": "sim", "max_in_flight": concurrency, "sampling": {"max_new_tokens": 128},
-                    "sim": {"vocab_size": vocab, "output_len_median": 48, "max_concurrency": 512},
+                    "sim": {"vocab_size": vocab, "output_len_median": 48, "max_concurrency": 512, "seed": 0},
                     "service": {"follow_weights": False, "fetch_batch": concurrency}},
     })
 

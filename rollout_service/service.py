@@ -22,6 +22,7 @@ import time
 import uuid
 from typing import Any
 
+from rollout_service.engines.base import EngineDead
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.tools import ToolRegistry, build_tools
 from rollout_service.weight_sync import WeightFollower, weight_store_source
@@ -64,6 +65,7 @@ class RolloutWorker:
         self._closers: list[Any] = []
         self._tasks: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
+        self.fatal: EngineDead | None = None  # set when the engine died: run() raises it after stopping
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -124,6 +126,8 @@ class RolloutWorker:
         finally:
             await self._flush_published()
             await self.close()
+        if self.fatal is not None:
+            raise self.fatal
 
     def stop(self) -> None:
         """Stop fetching prompts; tasks in flight finish, publish and are acked."""
@@ -171,6 +175,8 @@ class RolloutWorker:
         try:
             if task.run != self.cfg.run:
                 raise ValueError(f"prompt task of run {task.run!r} on run {self.cfg.run!r}'s subject")
+            if self.follower is not None:
+                await self.follower.wait_for_version(task.released_at_version)
             samples = await self.workflow.run(self.ctx, task)
             for i, s in enumerate(samples):
                 problem = s.validate()
@@ -184,6 +190,12 @@ class RolloutWorker:
             )
             await bus.publish(self.js, self.nc, subjects.trajectories(task.run), group, msg_id=task.group_id,
                               timeout=self.cfg.rollout.service.publish_timeout_s)
+        except EngineDead as exc:
+            if self.fatal is None:
+                log.error("engine dead, stopping this worker (its tasks go back to the stream): %s", exc)
+                self.fatal = exc
+                self.stop()
+            raise
         except Exception as exc:
             self.errors += 1
             self.metrics.errors.inc()

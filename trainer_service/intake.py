@@ -21,7 +21,7 @@ from shared import subjects
 from shared.bus import ConsumerLoop
 from shared.config import JetrlConfig
 from shared.messages import Sample, TrajectoryGroup
-from trainer_service.algorithms.staleness import is_fresh, rewards_all_equal, staleness
+from trainer_service.algorithms.staleness import is_fresh, rewards_all_equal, staleness, urgency_order
 
 log = logging.getLogger("jetrl.trainer.intake")
 
@@ -49,7 +49,7 @@ class Intake:
         self.cfg, self.js, self.nc = cfg, js, nc
         t, s = cfg.trainer, cfg.schedule
         self.max_buffered = t.max_buffered_groups or 4 * s.batch_size
-        self.buffer: list[tuple[int, TrajectoryGroup]] = []  # (stream seq, group), FIFO
+        self.buffer: list[tuple[int, TrajectoryGroup]] = []  # (stream seq, group), in arrival order
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.last_seq = 0
         # Outcomes since the last batch (reported with it).
@@ -133,7 +133,9 @@ class Intake:
         self.buffer = still
         if len(still) < s.batch_size:
             return None
-        take, self.buffer = still[: s.batch_size], still[s.batch_size :]
+        picked = set(urgency_order([g.samples for _, g in still])[: s.batch_size])
+        take = [x for i, x in enumerate(still) if i in picked]
+        self.buffer = [x for i, x in enumerate(still) if i not in picked]
         batch = Batch(dropped_stale=self.dropped_stale, dropped_stale_samples=self.dropped_stale_samples,
                       filtered=self.filtered)
         self.dropped_stale, self.dropped_stale_samples, self.filtered = [], 0, []
@@ -157,8 +159,9 @@ class Intake:
         return out
 
     async def next_batch(self, version: int, timeout_s: float | None = None) -> Batch | None:
-        """The next batch of `batch_size` groups with at least one fresh sample each (FIFO), or None
-        after `timeout_s` without one. Stale samples are removed; all-stale groups are dropped."""
+        """The next batch of `batch_size` groups with at least one fresh sample each (the oldest
+        generations first, see staleness.urgency_order), or None after `timeout_s` without one. Stale
+        samples are removed; all-stale groups are dropped."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:

@@ -54,6 +54,9 @@ class VllmEngineConfig(Section):
     startup_timeout_s: float = Field(
         300.0, gt=0, description="Wait this long for a started server to answer /health."
     )
+    log_file: str = Field(
+        "", description="Where a started server writes its output ('' = the rollout worker's own output)."
+    )
     request_timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of one generate request.")
     weights_dir: str = Field(
         "",
@@ -100,8 +103,10 @@ class SimEngineConfig(Section):
     time_scale: float = Field(
         1.0, ge=0, description="Real seconds slept per simulated second (0 = as fast as possible)."
     )
-    seed: int = Field(
-        0, description="Seed of the engine's length and token draws (a request's seed overrides)."
+    seed: int | None = Field(
+        None,
+        description="Seed of the engine's length and token draws (a request's seed overrides); None = fresh "
+        "entropy, so rollout workers sharing one config draw differently.",
     )
 
 

@@ -85,8 +85,26 @@ class MegatronConfig(Section):
     )
 
 
+class SimTrainerConfig(Section):
+    """The `sim` backend: a latency model of a GPU trainer (trainer_service/backends/sim.py), for benchmarking
+    orchestration on a CPU. The weights (the tiny model) are real and are published and checkpointed as
+    usual; only the optimizer step is replaced by a sleep of
+
+        step_base_s + s_per_sample * samples + s_per_token * tokens   (times time_scale).
+    """
+
+    step_base_s: float = Field(0.5, ge=0, description="Fixed cost of one optimizer step (s).")
+    s_per_sample: float = Field(0.0, ge=0, description="Cost per trained sample (s).")
+    s_per_token: float = Field(0.0, ge=0, description="Cost per trained token, prompt and completion (s).")
+    time_scale: float = Field(1.0, ge=0, description="Real seconds slept per simulated second (0 = no sleep).")
+
+
 class TrainerConfig(Section):
-    backend: Literal["fsdp", "megatron"] = Field("fsdp", description="Training backend.")
+    backend: Literal["fsdp", "megatron", "sim"] = Field(
+        "fsdp",
+        description="Training backend: fsdp (FSDP2, CPU or GPU), megatron (Megatron-Core, GPU), sim (a step-cost "
+        "model on the tiny model's real weights, for benchmarks; see trainer.sim).",
+    )
     nproc: int = Field(1, ge=1, description="Processes (torchrun --nproc-per-node); >1 re-launches under torchrun.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
@@ -96,6 +114,7 @@ class TrainerConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    sim: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
     micro_batch_tokens: int = Field(
         4096, ge=16, description="Token budget of one packed micro-batch (sequences are concatenated, no padding)."
     )
@@ -113,7 +132,8 @@ class TrainerConfig(Section):
     publisher: Literal["store", "directory"] = Field(
         "store",
         description="store = weight_store client + KV announcement; directory = write versions to publish_dir "
-        "and announce in the KV (for tests and single-host setups without the weight store service).",
+        "and announce them in the KV with a file:// manifest url (trainer tests without a weight store; "
+        "rollout workers fetch through the weight store and cannot load these).",
     )
     publish_dir: str = Field("jetrl-published", description="Directory of the `directory` publisher.")
     max_buffered_groups: int = Field(

@@ -154,7 +154,8 @@ def worker_config(nats_url: str, run: str = "r1", **rollout):
     })
 
 
-async def publish_prompts(js, nc, run: str, n: int, start: int = 0, group_size: int = 2) -> list[str]:
+async def publish_prompts(js, nc, run: str, n: int, start: int = 0, group_size: int = 2,
+                          released_at_version: int = 0) -> list[str]:
     from shared import bus, subjects
     from shared.messages import PromptTask
 
@@ -162,7 +163,7 @@ async def publish_prompts(js, nc, run: str, n: int, start: int = 0, group_size: 
     for i in range(start, start + n):
         prompt, ref = maxdigit_prompt(i)
         t = PromptTask(run=run, prompt_id=f"p{i}", epoch=0, payload={"prompt": prompt, "reference": ref},
-                       group_size=group_size)
+                       group_size=group_size, released_at_version=released_at_version)
         await bus.publish(js, nc, subjects.prompts(run), t, msg_id=t.group_id)
         ids.append(t.group_id)
     return ids
@@ -251,5 +252,10 @@ class KVWeights:
         self.fetched.append(version)
         return Path(f"/weights/{run}/v{version}")
 
-    def source(self):
-        return self.watch, self.fetch, self.latest
+    async def silent_watch(self):
+        """A watch that never delivers (a watcher that lags the KV)."""
+        await asyncio.Event().wait()
+        yield  # pragma: no cover
+
+    def source(self, watch: bool = True):
+        return (self.watch if watch else self.silent_watch), self.fetch, self.latest

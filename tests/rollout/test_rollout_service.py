@@ -17,6 +17,7 @@ from rollout_doubles import (
 )
 
 from reward_service.service import RewardService
+from rollout_service.engines.base import EngineDead
 from rollout_service.service import RolloutWorker
 from shared import bus, codec, subjects
 from shared.messages import Event
@@ -139,6 +140,28 @@ async def test_no_new_prompts_while_the_engine_lags_more_than_max_staleness(nats
     assert all((s.versions[s.loss_mask == 1] == 3).all() for g in groups for s in g.samples)
 
 
+@pytest.mark.parametrize("max_staleness", [0, 4])
+async def test_a_task_released_at_a_version_the_watch_has_not_shown_waits_for_those_weights(nats_config, nc, js,
+                                                                                           reward_service,
+                                                                                           max_staleness):
+    # The controller saw version 2 and released the task at it; this worker's watch has not delivered 2
+    # yet. Generated with version 0, the task would be stale when trained: with max_staleness 0 at once,
+    # with 4 if it is the last of its admission window (trained 4 versions after its release).
+    weights = KVWeights(js, RUN)
+    await weights.announce(0)
+    worker = make_worker(nats_config, weights=weights.source(watch=False))
+    worker.cfg.schedule.max_staleness = max_staleness
+    task = asyncio.create_task(worker.run())
+    await wait_for(lambda: worker.follower is not None, what="worker started")
+    await weights.announce(2)
+    await publish_prompts(js, nc, RUN, 1, released_at_version=2)
+    groups = await wait_for(lambda: _n_groups(js, 1), what="the group")
+    worker.stop()
+    await asyncio.wait_for(task, 30)
+    assert weights.fetched == [2] and worker.engine.version == 2
+    assert all((s.versions[s.loss_mask == 1] == 2).all() for s in groups[0].samples)
+
+
 async def test_second_worker_joining_takes_a_share_and_one_leaving_loses_nothing(nats_config, nc, js,
                                                                                 reward_service):
     n = 24
@@ -172,3 +195,18 @@ async def test_a_failing_reward_service_means_retry_not_a_published_group(nats_c
     worker.stop()
     await asyncio.wait_for(task, 30)
     assert await read_groups(js, RUN) == [] and await prompts_left(js) == 1
+
+
+class DeadEngine(ScriptedEngine):
+    async def generate(self, req):
+        raise EngineDead("the server exited")
+
+
+async def test_a_worker_whose_engine_died_stops_and_leaves_its_prompts_in_the_stream(nats_config, nc, js):
+    worker = RolloutWorker(worker_config(nats_config.servers[0], RUN), engine=DeadEngine(build_tokenizer(), answer_max),
+                           tokenizer=build_tokenizer(), instance="w")
+    worker.cfg.rollout.service.follow_weights = False
+    await publish_prompts(js, nc, RUN, 3)
+    with pytest.raises(EngineDead):
+        await asyncio.wait_for(worker.run(), 60)
+    assert await prompts_left(js) == 3  # none acked, none dead-lettered: redelivered to a live worker

@@ -156,3 +156,15 @@ def test_dynamic_filter_detects_groups_with_equal_rewards():
     assert rewards_all_equal([1.0, 1.0, 1.0])
     assert rewards_all_equal([0.0, 1e-9])
     assert not rewards_all_equal([0.0, 1.0])
+
+
+def test_urgency_order_puts_the_oldest_generation_first_ties_in_arrival_order():
+    from trainer_testlib import make_sample
+
+    from trainer_service.algorithms.staleness import urgency_order
+
+    rng = np.random.default_rng(0)
+    groups = [[make_sample(rng, 3, 1.0)], [make_sample(rng, 1, 0.0), make_sample(rng, 5, 1.0)],
+              [make_sample(rng, 2, 1.0)], [make_sample(rng, 1, 1.0)]]
+    # oldest generated versions: 3, 1, 2, 1 -> the two 1s in arrival order, then 2, then 3
+    assert urgency_order(groups) == [1, 3, 2, 0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from trainer_testlib import make_group, publish_groups
 
 from shared.config import JetrlConfig
@@ -111,3 +113,24 @@ async def test_resume_position_rereads_buffered_groups_and_skips_finished_ones(j
     finally:
         await resumed.stop()
     assert [g.prompt_id for g in again.groups] == ["p2", "p3"]
+
+
+async def test_a_batch_takes_the_oldest_generations_first_not_the_first_arrivals(js, nc):
+    cfg = _cfg()
+    cfg.schedule.max_staleness = 4
+    # arrival order p0 (v5), p1 (v2), p2 (v4): trainer at 6, batch 2 -> p1 (staleness 4, about to go
+    # stale) and p2; p0 waits for the next batch.
+    groups = [make_group("it", 0, versions=[5, 5]), make_group("it", 1, versions=[2, 3]),
+              make_group("it", 2, versions=[4, 5])]
+    await publish_groups(js, nc, groups)
+    intake = await _intake(js, nc, cfg)
+    try:
+        for _ in range(100):
+            if len(intake.buffer) == 3:
+                break
+            await asyncio.sleep(0.05)
+        batch = await intake.next_batch(version=6, timeout_s=20)
+    finally:
+        await intake.stop()
+    assert sorted(g.prompt_id for g in batch.groups) == ["p1", "p2"]
+    assert [g.prompt_id for _, g in intake.buffer] == ["p0"]

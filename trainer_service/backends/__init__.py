@@ -1,4 +1,5 @@
-"""Training backends behind one interface (base.TrainBackend): fsdp (FSDP2) and megatron (Megatron-Core)."""
+"""Training backends behind one interface (base.TrainBackend): fsdp (FSDP2), megatron (Megatron-Core), and
+sim (FSDP's weights with a step-cost model instead of the optimizer step, for benchmarks)."""
 
 from __future__ import annotations
 
@@ -13,4 +14,8 @@ def make_backend(cfg):
         from trainer_service.backends.megatron import MegatronBackend
 
         return MegatronBackend(cfg)
-    raise ValueError(f"trainer.backend: unknown backend {cfg.trainer.backend!r}; use fsdp or megatron")
+    if cfg.trainer.backend == "sim":
+        from trainer_service.backends.sim import SimBackend
+
+        return SimBackend(cfg)
+    raise ValueError(f"trainer.backend: unknown backend {cfg.trainer.backend!r}; use fsdp, megatron or sim")
