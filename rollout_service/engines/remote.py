@@ -16,6 +16,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -24,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from rollout_service.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rollout_service.engines.base import Engine, EngineDead, GenerateRequest, GenerateResult, SamplingParams
 from rollout_service.engines.sampling import check_sampling
 
 log = logging.getLogger(__name__)
@@ -113,25 +115,46 @@ class RemoteEngine(Engine, abc.ABC):
             self._tmp.cleanup()
             self._tmp = None
 
-    async def _post(self, path: str, json: Any = None, params: dict | None = None) -> Any:
+    def _server_exit(self) -> str | None:
+        """Why the server can never answer again (a server this engine started has exited), else None.
+        Only engines that start their server can tell; the others leave the error to the caller."""
+        return None
+
+    @property
+    def _owns_server(self) -> bool:
+        return False
+
+    async def _request(self, method: str, path: str, **kw) -> Any:
         if self._client is None:
             raise RuntimeError(f"{self.name} engine: call start() first")
-        r = await self._client.post(self.url + path, json=json, params=params)
+        try:
+            r = await self._client.request(method, self.url + path, **kw)
+        except httpx.TransportError:
+            await self._raise_if_dead()
+            raise
         if r.status_code >= 400:
+            if r.status_code >= 500:
+                await self._raise_if_dead()
             raise EngineHTTPError(
-                f"{self.name}: POST {self.url}{path} -> HTTP {r.status_code}: {r.text[:500]}"
+                f"{self.name}: {method} {self.url}{path} -> HTTP {r.status_code}: {r.text[:500]}"
             )
         return r.json() if r.content else None
 
+    async def _raise_if_dead(self) -> None:
+        if not self._owns_server:
+            return
+        # A server whose engine core died answers 500 for a moment before it exits: give it that moment.
+        for _ in range(10):
+            why = self._server_exit()
+            if why is not None:
+                raise EngineDead(f"{self.name} engine at {self.url}: {why}")
+            await asyncio.sleep(0.2)
+
+    async def _post(self, path: str, json: Any = None, params: dict | None = None) -> Any:
+        return await self._request("POST", path, json=json, params=params)
+
     async def _get(self, path: str) -> Any:
-        if self._client is None:
-            raise RuntimeError(f"{self.name} engine: call start() first")
-        r = await self._client.get(self.url + path)
-        if r.status_code >= 400:
-            raise EngineHTTPError(
-                f"{self.name}: GET {self.url}{path} -> HTTP {r.status_code}: {r.text[:500]}"
-            )
-        return r.json() if r.content else None
+        return await self._request("GET", path)
 
     # ---------------------------------------------------------------- Engine API
 
@@ -204,7 +227,12 @@ class RemoteEngine(Engine, abc.ABC):
         if (path is None) == (state_dict is None):
             raise ValueError("update_weights: give exactly one of path or state_dict")
         if state_dict is not None:
-            path = str(self._write_state_dict(version, state_dict))
+            snapshot = self._write_state_dict(version, state_dict)
+        else:
+            # The server reads the files after a pause, seconds later maybe: give it a private snapshot
+            # (hard links, else copies), since the weight store's retention may delete a version in place.
+            snapshot = await asyncio.to_thread(self._snapshot, version, Path(path))
+        path = str(snapshot)
         async with self._swap_lock:
             self._open.clear()
             try:
@@ -219,18 +247,37 @@ class RemoteEngine(Engine, abc.ABC):
                 self._version = version
             finally:
                 self._open.set()
+                shutil.rmtree(snapshot, ignore_errors=True)  # the server holds the weights in memory now
 
-    def _write_state_dict(self, version: int, state_dict: dict) -> Path:
-        """Save an in-memory state dict as safetensors where the server can read it (same host / shared FS)."""
-        from safetensors.torch import save_file
-
+    def _version_dir(self, version: int) -> Path:
+        """A fresh dir for version `version` under weights_dir (or a temp dir) that the server can read."""
         root = self.weights_dir
         if not root:
             if self._tmp is None:
                 self._tmp = tempfile.TemporaryDirectory(prefix=f"jetrl-{self.name}-weights-")
             root = self._tmp.name
         out = Path(root) / f"v{version}"
-        out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        return out
+
+    def _snapshot(self, version: int, src: Path) -> Path:
+        out = self._version_dir(version)
+        for f in src.rglob("*"):
+            if f.is_file():
+                dest = out / f.relative_to(src)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(f, dest)
+                except OSError:  # another filesystem, or links not allowed
+                    shutil.copy2(f, dest)
+        return out
+
+    def _write_state_dict(self, version: int, state_dict: dict) -> Path:
+        """Save an in-memory state dict as safetensors where the server can read it (same host / shared FS)."""
+        from safetensors.torch import save_file
+
+        out = self._version_dir(version)
         save_file(
             {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, str(out / "model.safetensors")
         )

@@ -98,6 +98,7 @@ class VllmEngine(RemoteEngine):
                 self.opts.port,
                 self.opts.max_model_len,
                 self.opts.extra_args,
+                log_path=self.opts.log_file or None,
             )
             await asyncio.get_running_loop().run_in_executor(
                 None, self.server.start, self.opts.startup_timeout_s
@@ -107,6 +108,17 @@ class VllmEngine(RemoteEngine):
         if not self.model:
             models = await self._get("/v1/models")
             self.model = models["data"][0]["id"]
+
+    @property
+    def _owns_server(self) -> bool:
+        return self.server is not None
+
+    def _server_exit(self) -> str | None:
+        proc = self.server.proc if self.server is not None else None
+        if proc is not None and proc.poll() is not None:
+            where = self.opts.log_file or "this worker's output"
+            return f"the vLLM server it started exited with {proc.returncode} (its log: {where})"
+        return None
 
     async def close(self) -> None:
         await super().close()

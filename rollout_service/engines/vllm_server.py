@@ -82,7 +82,7 @@ class VllmServer:
         return env
 
     def start(self, timeout_s: float = 300.0) -> VllmServer:
-        self._log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self._log = open(self.log_path, "wb") if self.log_path else None  # None: this process's output
         self.proc = subprocess.Popen(
             self.command(), env=self.env(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -110,6 +110,6 @@ class VllmServer:
                 pass
             self.proc.wait(timeout=30)
         self.proc = None
-        if self._log not in (None, subprocess.DEVNULL):
+        if self._log is not None:
             self._log.close()
             self._log = None

