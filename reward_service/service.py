@@ -22,7 +22,7 @@ from nats.micro.request import Request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from reward_service.engine import ScoringEngine, error_result
-from shared import __version__, codec, subjects
+from shared import __version__, bus, codec, subjects
 from shared.bus import EventPublisher
 from shared.config import JetrlConfig
 from shared.messages import RewardResult
@@ -79,7 +79,7 @@ class RewardService:
                                       metadata={"task": self.task, "instance": self.instance})
         await self._svc.add_endpoint(name=self.task, subject=self.subject, handler=self._on_request,
                                      queue_group=subjects.REWARD_QUEUE_GROUP, metadata={"task": self.task})
-        await self.nc.flush()
+        await bus.flush(self.nc)  # the endpoint is registered before we say so
         if self.events is not None:
             self._health = asyncio.create_task(self._health_loop())
         log.info("reward service %s answering %s (queue %s, concurrency %d)", self.instance, self.subject,

@@ -155,7 +155,7 @@ class RolloutWorker:
         if self.nc is not None and not self.nc.is_closed:
             # Everything worth keeping is acked by now (groups by JetStream, prompts by us): flush, close.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.flush(), 5)
+                await bus.flush(self.nc, timeout=5)
             with contextlib.suppress(Exception):
                 await self.nc.close()
 

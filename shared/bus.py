@@ -105,6 +105,21 @@ async def connect(cfg: NatsConfig, name: str = "jetrl", servers: list[str] | Non
             wait = min(wait * 2, cfg.max_reconnect_wait_s)
 
 
+async def flush(nc: NATS, timeout: float = 10.0) -> None:
+    """Return once the server has processed everything sent so far (subscriptions included).
+
+    nats-py's `flush()` alone does not promise that: it writes its PING straight to the socket while
+    SUB/PUB commands may still sit in the client's pending buffer for the flusher task, so the PONG can
+    come back before a just-made subscription reaches the server. A request from another connection
+    right after then gets "no responders" (9 in 300 tries on a quiet machine, nats-py 2.16). So wait
+    until the flusher has written the buffer, then PING."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while nc.pending_data_size and nc.is_connected and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+    await nc.flush(timeout=max(0.5, deadline - loop.time()))
+
+
 # --- streams --------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from reward_fixtures import replicas, run_config
 
 from reward_service.client import RewardClient
-from shared import codec, subjects
+from shared import bus, codec, subjects
 from shared.config import RewardConfig
 from shared.messages import Event, RewardRequest, RewardResult
 
@@ -157,6 +157,7 @@ async def test_a_request_may_ask_for_a_shorter_scorer_time_limit(nats_config, nc
 async def test_health_events_and_metrics_are_published(nats_config, js, nc):
     cfg = run_config(nats_config)
     sub = await nc.subscribe(subjects.events(cfg.run, "reward"))
+    await bus.flush(nc)
     async with replicas(cfg, 1, "exact", js=True) as (svc,):
         await RewardClient(nc, cfg.reward).score("exact", ["a", "b"], "a")
         ev = codec.decode((await sub.next_msg(timeout=10)).data, expect=Event)

@@ -59,6 +59,7 @@ async def prompts_left(js) -> int:
 async def test_each_prompt_becomes_one_scored_group_and_is_acked_after_it(nats_config, nc, js, reward_service):
     ids = await publish_prompts(js, nc, RUN, 6)
     events = await nc.subscribe(subjects.events(RUN, "rollout"))
+    await bus.flush(nc)
     worker = make_worker(nats_config)
     task = asyncio.create_task(worker.run())
     groups = await wait_for(lambda: _n_groups(js, 6), what="6 trajectory groups")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import nats.errors
 import numpy as np
 import pytest
 from nats.js import api
@@ -78,3 +79,24 @@ async def test_publishing_over_the_servers_max_payload_fails_naming_both_sizes(t
             assert "jetrl.r1.trajectories" in str(err) and "max_payload" in str(err)
         finally:
             await conn.close()
+
+
+async def test_after_bus_flush_a_new_subscription_answers_requests_from_another_connection(nats_config, nc):
+    # nats-py's own flush() can return before a fresh SUB leaves the client (it did 9 times in 300 here):
+    # a reward replica announcing itself ready would then meet "no responders".
+    async def answer(msg):
+        await msg.respond(b"ok")
+
+    no_responders = 0
+    for i in range(150):
+        server_side = await bus.connect(nats_config, name=f"replica-{i}")
+        for j in range(9):  # a nats micro service subscribes to $SRV.* subjects before its endpoint
+            await server_side.subscribe(f"$SRV.PING.x{i}.{j}", cb=answer)
+        await server_side.subscribe(f"svc.{i}", queue="q", cb=answer)
+        await bus.flush(server_side)
+        try:
+            assert (await nc.request(f"svc.{i}", b"?", timeout=5)).data == b"ok"
+        except nats.errors.NoRespondersError:
+            no_responders += 1
+        await server_side.close()
+    assert no_responders == 0
