@@ -6,15 +6,30 @@ measured here, the policy then learned 9/8/7 and stalled at 0.85 held-out, the r
 signal; a constant "9" would also score 0.41. With a uniform largest digit, any constant answer scores
 0.1 and every answer gets its share of the gradient. The scorer is reward_service/scorers/maxdigit.py (reward 1.0 when the completion,
 after leading whitespace, starts with the reference digit).
+
+Held-out and training prompts come from two fixed halves of the prompt space, split by a hash of the
+prompt (`is_heldout`: one prompt in ten), and both are drawn with replacement, so each keeps the task's
+distribution. The split matters for the small classes: only 31 prompts have largest digit 1 and one has
+largest 0. Drawing 200 *unique* held-out prompts first and excluding them from training (as the demo
+did) took 18 of the 31 and the 0 prompt: training saw largest 1 at 4.7 % and largest 0 never, and runs
+ended at 0.845-0.905 held-out, answering "2" to every all-0/1 prompt (per-class eval of version 500).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import zlib
 from pathlib import Path
 
 DIGITS = 5
+HELDOUT_ONE_IN = 10  # the share of the prompt space kept for held-out evaluation
+
+
+def is_heldout(prompt: str) -> bool:
+    """Whether `prompt` belongs to the held-out side of the split (a stable hash, same on every machine).
+    The one prompt with largest digit 0 ("max 0 0 0 0 0 =") falls on the training side."""
+    return zlib.crc32(prompt.encode()) % HELDOUT_ONE_IN == 0
 
 
 def make_row(rng: random.Random, digits: int = DIGITS) -> dict:
@@ -25,31 +40,42 @@ def make_row(rng: random.Random, digits: int = DIGITS) -> dict:
     return {"prompt": "max " + " ".join(map(str, ds)) + " =", "reference": str(max(ds))}
 
 
-def make_rows(n: int, seed: int, digits: int = DIGITS, exclude: set[str] | None = None,
-              unique: bool = True) -> list[dict]:
-    """`n` rows from `seed`, none whose prompt is in `exclude` (keeps a held-out set disjoint from training).
+def make_rows(n: int, seed: int, digits: int = DIGITS, side: str = "any", unique: bool = True) -> list[dict]:
+    """`n` rows from `seed`. side="train" / "heldout" keeps only prompts on that side of the split
+    (`is_heldout`); "any" takes every prompt.
 
-    unique=True: no prompt twice (the held-out set). unique=False: draws with replacement, so the
-    training stream keeps the task's distribution: prompts with a small largest digit are few (one with
-    largest 0, 31 with largest 1), and a unique training set would run out of them and never teach them.
-    Asking for more unique prompts than remain is an error."""
+    unique=True: no prompt twice. unique=False: draws with replacement, so a stream keeps the task's
+    distribution (a unique set would run out of the few prompts with a small largest digit).
+    Asking for more unique prompts than exist is an error."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if digits < 1:
         raise ValueError(f"digits must be >= 1, got {digits}")
-    exclude = exclude or set()
-    if unique and n > 10**digits - len(exclude):
-        raise ValueError(f"only {10**digits - len(exclude)} distinct {digits}-digit prompts remain, asked for {n}")
+    if side not in ("any", "train", "heldout"):
+        raise ValueError(f"side must be any, train or heldout, got {side!r}")
+    if unique and side == "any" and n > 10**digits:
+        raise ValueError(f"only {10**digits} distinct {digits}-digit prompts exist, asked for {n}")
+    if unique and side != "any":
+        available = sum((is_heldout(p) == (side == "heldout")) for p in _all_prompts(digits))
+        if n > available:
+            raise ValueError(f"only {available} distinct {digits}-digit {side} prompts exist, asked for {n}")
     rng = random.Random(seed)
     out: list[dict] = []
-    seen = set(exclude)
+    seen: set[str] = set()
     while len(out) < n:
         row = make_row(rng, digits)
-        if row["prompt"] in (seen if unique else exclude):
+        if side != "any" and is_heldout(row["prompt"]) != (side == "heldout"):
+            continue
+        if unique and row["prompt"] in seen:
             continue
         seen.add(row["prompt"])
         out.append(row)
     return out
+
+
+def _all_prompts(digits: int):
+    for i in range(10**digits):
+        yield "max " + " ".join(str(i).zfill(digits)) + " ="
 
 
 def write_jsonl(rows: list[dict], path: str | Path) -> Path:
@@ -62,9 +88,9 @@ def write_jsonl(rows: list[dict], path: str | Path) -> Path:
 
 
 def write_dataset(out_dir: str | Path, train: int = 4000, heldout: int = 200, seed: int = 0) -> tuple[Path, Path]:
-    """Write `train.jsonl` (drawn with replacement) and `heldout.jsonl` (unique prompts, none of which
-    is in train.jsonl) into `out_dir`; returns both paths."""
-    held = make_rows(heldout, seed=seed + 1_000_003)
-    tr = make_rows(train, seed=seed, exclude={r["prompt"] for r in held}, unique=False)
+    """Write `train.jsonl` and `heldout.jsonl` into `out_dir`, each drawn with replacement from its own side
+    of the split (no held-out prompt is ever trained on); returns both paths."""
+    held = make_rows(heldout, seed=seed + 1_000_003, side="heldout", unique=False)
+    tr = make_rows(train, seed=seed, side="train", unique=False)
     d = Path(out_dir)
     return write_jsonl(tr, d / "train.jsonl"), write_jsonl(held, d / "heldout.jsonl")
