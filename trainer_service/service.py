@@ -170,13 +170,24 @@ class Trainer:
                      self.step, self.version + 1)
             return IntakeState(position=int(extra["intake_position"]), finished=list(extra["finished_groups"]))
         if resume:
-            log.warning("--resume: no checkpoint under %s; starting fresh",
+            log.warning("--resume: no checkpoint under %s; starting from the configured weights",
                         checkpoint.run_dir(t.checkpoint_dir, self.cfg.run))
-        if latest is not None:
+        if latest is not None and not resume:
             raise RuntimeError(
                 f"run {self.cfg.run!r} already has version {latest.version} announced: resume it with --resume "
                 f"(checkpoints under {checkpoint.run_dir(t.checkpoint_dir, self.cfg.run)}) or use a new run id"
             )
+        if latest is not None:
+            # Killed before its first checkpoint: begin again at step 0 from the configured weights and
+            # read every group from the start of the stream (intake state None), like a resume from a
+            # checkpoint of step 0. Numbering continues after the announced version (CAS forbids going back).
+            self.version = latest.version
+            await self.events.emit_acked("resumed", {
+                "version": 0, "step": 0, "checkpoint": None, "announced_version": latest.version,
+                "next_version": self.version + 1, "intake_position": 0}, stop=self._stop)
+            log.info("resumed without a checkpoint: step 0, the configured weights, next version %d",
+                     self.version + 1)
+            return None
         self.version = 0
         await self._publish()  # version 0: the initial weights
         return None

@@ -77,3 +77,42 @@ async def test_a_fresh_start_on_a_run_with_versions_refuses_without_resume(nats_
     p = start_trainer(ov, log)
     assert p.wait(120) != 0
     assert "already has version 1 announced" in log.read_text()
+
+
+@pytest.mark.slow
+async def test_a_trainer_killed_before_its_first_checkpoint_resumes_from_step_0(nats_server, js, nc, tmp_path):
+    # `jetrl up` restarts a crashed trainer with --resume; with no checkpoint yet but versions announced
+    # it used to refuse and crash-loop. Now it starts over from the configured weights at step 0 and
+    # retrains every group; versions stay monotonic.
+    ov = trainer_overrides(nats_server.url, tmp_path, RUN, **{"trainer.checkpoint_every": 100,
+                                                             "schedule.total_steps": 4})
+    await publish_groups(js, nc, [make_group(RUN, i) for i in range(4)])  # two steps' worth: it then waits
+    log = tmp_path / "trainer.log"
+    p = start_trainer(ov, log, resume=True)  # as `jetrl up` starts it; nothing to resume from yet
+    try:
+        await wait_for(js, RUN, lambda e: len(steps(e)) >= 2, proc=p, what="step 2")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    announced = (await latest_announced(js, RUN)).version
+    assert announced >= 2
+    assert not steps(await wait_for(js, RUN, lambda e: True), "checkpoint")
+    await publish_groups(js, nc, [make_group(RUN, i, version=announced) for i in range(4, 8)])
+
+    p2 = start_trainer(ov, log, resume=True)
+    try:
+        evs = await wait_for(js, RUN, lambda e: steps(e, "resumed") and steps(e)[-1]["step"] == 4, proc=p2,
+                             what="four steps after the restart")
+        assert p2.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if p2.poll() is None:
+            p2.kill()
+    resumed = steps(evs, "resumed")
+    assert resumed[-1] == {"version": 0, "step": 0, "checkpoint": None, "announced_version": announced,
+                           "next_version": announced + 1, "intake_position": 0}
+    after = [s for s in steps(evs) if s["version"] > announced]
+    assert [s["step"] for s in after] == [1, 2, 3, 4]
+    assert [s["version"] for s in after] == [announced + 1, announced + 2, announced + 3, announced + 4]
+    retrained = [g for ev in steps(evs, "groups") if ev["version"] > announced for g in ev["trained"]]
+    assert sorted(retrained) == sorted(f"{RUN}:0:p{i}" for i in range(8))  # each once in the new lineage
+    assert (await latest_announced(js, RUN)).version == announced + 4
