@@ -94,6 +94,16 @@ class RunReleaser:
         self._recount = True
         self.wake()
 
+    async def _adopt_stored_version(self, version: int) -> None:
+        """Start from the newest version the database has seen, unless the follower reports a newer one
+        while its step is looked up: `set_version` keeps the newest pair. (Assigning the looked-up step
+        after the await paired the follower's newer version with an older step: after a controller
+        restart during a burst of trainer steps, the bound fell below the groups already out, nothing
+        was released, the trainer starved and no newer version ever came to lift it.)"""
+        if version > self.current_version:
+            step = await asyncio.to_thread(self._announced_step, version)
+            self.set_version(version, step)
+
     def _announced_step(self, version: int) -> int:
         with self.ctl.Session() as s:
             return ledger.announced_step(s, self.run_id, version)
@@ -107,9 +117,7 @@ class RunReleaser:
         run, _ = await asyncio.to_thread(self._load)
         if run is None:
             return
-        if run.current_version > self.current_version:
-            self.current_version = run.current_version
-            self.current_step = await asyncio.to_thread(self._announced_step, run.current_version)
+        await self._adopt_stored_version(run.current_version)
         self.outstanding = await asyncio.to_thread(self._count)
         await self._republish_unconfirmed()
         acked_seq = await asyncio.to_thread(self._published_seq)

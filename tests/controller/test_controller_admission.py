@@ -200,3 +200,31 @@ async def test_pause_holds_releases_and_resume_continues(live, js, tmp_path):
 
 async def _version(live, run, v):
     return (await live.http.get(f"/v1/runs/{run}")).json()["current_version"] == v
+
+
+async def test_a_newer_version_reported_during_start_up_keeps_its_own_step():
+    # Restarted controller: the releaser looks up the step of the version its database last saw (27,
+    # step 21) while the follower already reports the newest announcement (30, step 27). The result must
+    # be the newer pair; (30, 21) shrank the bound below the groups already out and the run deadlocked
+    # (fault suite, controller kill during a burst of trainer steps).
+    import threading
+
+    from controller.release import RunReleaser
+
+    rel = RunReleaser(ctl=None, run_id="r")
+    looking_up, follower_done = threading.Event(), threading.Event()
+
+    def slow_lookup(version: int) -> int:
+        looking_up.set()
+        follower_done.wait(10)
+        return {27: 21, 30: 27}[version]
+
+    rel._announced_step = slow_lookup
+    start_up = asyncio.create_task(rel._adopt_stored_version(27))
+    await asyncio.to_thread(looking_up.wait, 10)
+    rel.set_version(30, 27)  # the follower, on the event loop, while the lookup runs
+    follower_done.set()
+    await start_up
+    assert (rel.current_version, rel.current_step) == (30, 27)
+    await rel._adopt_stored_version(25)  # an older stored version changes nothing
+    assert (rel.current_version, rel.current_step) == (30, 27)
