@@ -190,6 +190,7 @@ async def serve(cfg: JetrlConfig, task: str | None = None, concurrency: int | No
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
+        # Not on Windows, nor outside the main thread (tests): the caller stops it there.
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:

@@ -311,10 +311,12 @@ class EvalSession:
         return None if wv is None else wv.version
 
     async def load(self, version: int) -> None:
-        if self.local_reward and version != self.engine.version and version not in stored_versions(self.cfg):
-            raise EvalError(f"version {version} of run {self.cfg.run!r} is not in the weight store directory "
-                             f"{Path(self.cfg.weights.root) / self.cfg.run} (it holds {stored_versions(self.cfg)}); "
-                             f"with --local-reward pass the run dir's config (<run dir>/config.yaml)")
+        if self.local_reward and version != self.engine.version:
+            stored = stored_versions(self.cfg)
+            if version not in stored:
+                raise EvalError(f"version {version} of run {self.cfg.run!r} is not in the weight store directory "
+                                f"{Path(self.cfg.weights.root) / self.cfg.run} (it holds {stored}); "
+                                f"with --local-reward pass the run dir's config (<run dir>/config.yaml)")
         await self.evaluator.load(version)
 
     async def emit(self, result: EvalResult, instance: str = "") -> None:

@@ -272,6 +272,7 @@ async def serve(cfg: JetrlConfig, **parts: Any) -> None:
     worker = RolloutWorker(cfg, **parts)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
+        # Not on Windows, nor outside the main thread (tests): the caller stops it there.
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, worker.stop)
     await worker.run()

@@ -155,42 +155,40 @@ class Trainer:
     async def _start_state(self, resume: bool) -> IntakeState | None:
         t = self.cfg.trainer
         latest = await self.publisher.latest()
+        announced = latest.version if latest is not None else -1
         ck = checkpoint.latest_checkpoint(t.checkpoint_dir, self.cfg.run) if resume else None
         if ck is not None:
             extra = await self.run_cmd({"kind": "load", "path": str(ck)})
             self.step = self.last_checkpoint_step = int(extra["step"])
-            ck_version = int(extra["version"])
-            announced = latest.version if latest is not None else -1
-            # Versions stay monotonic: numbering continues after anything announced since the checkpoint.
-            self.version = max(ck_version, announced)
-            await self.events.emit_acked("resumed", {
-                "version": ck_version, "step": self.step, "checkpoint": str(ck), "announced_version": announced,
-                "next_version": self.version + 1, "intake_position": extra["intake_position"]}, stop=self._stop)
-            log.info("resumed from %s: weights of version %d, step %d, next version %d", ck, ck_version,
-                     self.step, self.version + 1)
+            await self._resumed(int(extra["version"]), str(ck), announced, int(extra["intake_position"]))
             return IntakeState(position=int(extra["intake_position"]), finished=list(extra["finished_groups"]))
         if resume:
             log.warning("--resume: no checkpoint under %s; starting from the configured weights",
                         checkpoint.run_dir(t.checkpoint_dir, self.cfg.run))
-        if latest is not None and not resume:
-            raise RuntimeError(
-                f"run {self.cfg.run!r} already has version {latest.version} announced: resume it with --resume "
-                f"(checkpoints under {checkpoint.run_dir(t.checkpoint_dir, self.cfg.run)}) or use a new run id"
-            )
         if latest is not None:
+            if not resume:
+                raise RuntimeError(
+                    f"run {self.cfg.run!r} already has version {latest.version} announced: resume it with --resume "
+                    f"(checkpoints under {checkpoint.run_dir(t.checkpoint_dir, self.cfg.run)}) or use a new run id"
+                )
             # Killed before its first checkpoint: begin again at step 0 from the configured weights and
             # read every group from the start of the stream (intake state None), like a resume from a
-            # checkpoint of step 0. Numbering continues after the announced version (CAS forbids going back).
-            self.version = latest.version
-            await self.events.emit_acked("resumed", {
-                "version": 0, "step": 0, "checkpoint": None, "announced_version": latest.version,
-                "next_version": self.version + 1, "intake_position": 0}, stop=self._stop)
-            log.info("resumed without a checkpoint: step 0, the configured weights, next version %d",
-                     self.version + 1)
+            # checkpoint of step 0.
+            await self._resumed(0, None, announced, 0)
             return None
         self.version = 0
         await self._publish()  # version 0: the initial weights
         return None
+
+    async def _resumed(self, weights_version: int, ck: str | None, announced: int, intake_position: int) -> None:
+        """Continue numbering after anything announced since the weights' version (versions stay monotonic:
+        the KV's CAS forbids going back) and tell the controller, acked: the ledger's lineage depends on it."""
+        self.version = max(weights_version, announced)
+        await self.events.emit_acked("resumed", {
+            "version": weights_version, "step": self.step, "checkpoint": ck, "announced_version": announced,
+            "next_version": self.version + 1, "intake_position": intake_position}, stop=self._stop)
+        log.info("resumed from %s: weights of version %d, step %d, next version %d",
+                 ck or "the configured weights (no checkpoint)", weights_version, self.step, self.version + 1)
 
     async def _health(self) -> None:
         while True:

@@ -4,6 +4,7 @@ rollout events and dead letters move the ledger, metrics/health/versions become 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from controller_helpers import (
     AUTH,
@@ -15,6 +16,7 @@ from controller_helpers import (
     write_jsonl,
 )
 
+from controller.release import RunReleaser
 from shared import bus, codec, subjects
 from shared.messages import DeadLetter, Event, WeightVersion
 
@@ -207,10 +209,6 @@ async def test_a_newer_version_reported_during_start_up_keeps_its_own_step():
     # step 21) while the follower already reports the newest announcement (30, step 27). The result must
     # be the newer pair; (30, 21) shrank the bound below the groups already out and the run deadlocked
     # (fault suite, controller kill during a burst of trainer steps).
-    import threading
-
-    from controller.release import RunReleaser
-
     rel = RunReleaser(ctl=None, run_id="r")
     looking_up, follower_done = threading.Event(), threading.Event()
 
