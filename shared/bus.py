@@ -83,9 +83,10 @@ async def connect(cfg: NatsConfig, name: str = "jetrl", servers: list[str] | Non
         pending_size=64 * 1024 * 1024,
     )
     if cfg.user:
-        opts.update(user=cfg.user, password=cfg.password)
-    if cfg.token:
-        opts["token"] = cfg.token
+        opts.update(user=cfg.user, password=cfg.secret("password"))
+    token = cfg.secret("token")
+    if token:
+        opts["token"] = token
     if cfg.creds_file:
         opts["user_credentials"] = cfg.creds_file
     if cfg.nkey_seed_file:

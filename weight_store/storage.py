@@ -27,8 +27,9 @@ from shared.subjects import check_run_id
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
-_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_VERSION_RE = re.compile(r"^[0-9]{1,12}$")
+# Always fullmatch: with re.match, `$` also matches before a trailing newline ("1\n" would pass).
+_FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_VERSION_RE = re.compile(r"[0-9]{1,12}")
 
 
 class StoreError(Exception):
@@ -52,7 +53,7 @@ def check_run(run: str) -> str:
 
 def check_version(version: str | int) -> int:
     text = str(version)
-    if isinstance(version, bool) or not _VERSION_RE.match(text):
+    if isinstance(version, bool) or not _VERSION_RE.fullmatch(text):
         raise bad_name("version", version, "use a non-negative integer of at most 12 digits")
     return int(text)
 
@@ -65,7 +66,7 @@ def check_file_name(name: str) -> str:
     if not isinstance(name, str) or len(name) > 512:
         raise bad_name("file name", name, rule)
     segments = name.split("/")
-    if len(segments) > 8 or not all(_FILE_RE.match(seg) and ".." not in seg for seg in segments):
+    if len(segments) > 8 or not all(_FILE_RE.fullmatch(seg) and ".." not in seg for seg in segments):
         raise bad_name("file name", name, rule)
     if name == MANIFEST:
         raise bad_name("file name", name, "manifest.json is written by the store at commit")
@@ -143,7 +144,7 @@ class Storage:
         d = self.root / check_run(run)
         if not d.is_dir():
             return []
-        return sorted(int(p.name) for p in d.iterdir() if _VERSION_RE.match(p.name))
+        return sorted(int(p.name) for p in d.iterdir() if _VERSION_RE.fullmatch(p.name))
 
     def latest(self, run: str) -> int | None:
         vs = self.versions(run)
@@ -281,7 +282,7 @@ class Storage:
 
     def pinned(self, run: str) -> set[int]:
         d = self.pins / check_run(run)
-        return {int(p.name) for p in d.iterdir() if _VERSION_RE.match(p.name)} if d.is_dir() else set()
+        return {int(p.name) for p in d.iterdir() if _VERSION_RE.fullmatch(p.name)} if d.is_dir() else set()
 
     def pin(self, run: str, version: int) -> None:
         self.manifest_raw(run, version)  # 404 if absent
