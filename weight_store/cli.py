@@ -18,9 +18,16 @@ def serve_cmd(config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG)
     from shared.telemetry import setup_logging
     from weight_store.server import serve
 
+    from shared.auth import AuthConfigError
+    from shared.credentials import SecretFileError
+
     cfg = load_or_exit(config, overrides)
     setup_logging(cfg.telemetry, "weights")
-    run_async(serve(cfg.weights, cfg.telemetry.log_level))
+    try:
+        run_async(serve(cfg.weights, cfg.telemetry.log_level))
+    except (AuthConfigError, SecretFileError) as exc:
+        typer.secho(f"config error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 @weights_app.command("ls")

@@ -40,7 +40,9 @@ class WeightStoreConfig(Section):
         True, description="Clients read files in place when `root` is mounted on their host (zero copies)."
     )
     verify_shared_sha256: bool = Field(
-        False, description="Shared filesystem: also check every file's sha256 (sizes are always checked)."
+        True, description="Shared filesystem: check every file's sha256 against the manifest before it is used "
+        "(sizes are always checked). Costs one read of the version per reader (docs/weight_store.md has the "
+        "figure); false trusts the shared filesystem's bytes.",
     )
     verify_sha256: bool = Field(True, description="HTTP fetch: check every downloaded file's sha256.")
     cache_dir: str = Field("", description="Where HTTP fetches land ('' = a dir under the system temp dir).")
