@@ -47,3 +47,18 @@ class ServiceConfig(Section):
     follow_weights: bool = Field(True, description="Watch weight announcements and swap new versions into the engine.")
     publish_timeout_s: float = Field(10.0, gt=0, description="Wait this long for JetStream to ack a trajectory group.")
     events_batch: int = Field(64, ge=1, description="Group ids per 'published' event (flushed at least every second).")
+    max_group_size: int = Field(
+        256, ge=1, description="A prompt task asking for more samples than this is dead-lettered unread (a task's "
+        "group_size is the sender's to choose: one huge group would exhaust the worker).",
+    )
+    max_new_tokens: int = Field(
+        32768, ge=1, description="A prompt task whose sampling.max_new_tokens exceeds this is dead-lettered.",
+    )
+    max_prompt_chars: int = Field(
+        1_000_000, ge=1, description="A prompt task whose prompt text (or all its messages together) is longer "
+        "than this many characters is dead-lettered.",
+    )
+    stop_timeout_s: float = Field(
+        60.0, gt=0, description="After SIGTERM, tasks in flight get this long to finish; then they are cancelled "
+        "(not acked: JetStream redelivers them) and the worker exits.",
+    )
