@@ -49,7 +49,7 @@ async def test_messages_whose_dead_letter_would_not_fit_never_lock_the_consumer_
     letters = await dead_letters(js, "trainer", len(sizes))
     assert len(letters) == len(sizes)
     kept = stripped = 0
-    for (dl, headers), n in zip(letters, sizes):
+    for (dl, headers), n in zip(letters, sizes, strict=True):
         assert dl.original_size == n and dl.original_sha256 == hashlib.sha256(bytes([0xC1]) * n).hexdigest()
         assert dl.reason.startswith("decode error") and dl.headers[subjects.MSG_ID_HEADER].startswith(f"{RUN}:0:poison")
         assert headers[subjects.MSG_ID_HEADER] == f"dlq:{subjects.TRAJECTORIES_STREAM}:{dl.stream_seq}"
