@@ -25,6 +25,10 @@ class ToolsConfig(Section):
     max_output_chars: int = Field(2000, ge=16, description="Tool output longer than this is truncated.")
     python_memory_mb: int = Field(256, ge=16, description="Address-space limit of the sandboxed Python process.")
     python_cpu_s: int = Field(5, ge=1, description="CPU-seconds limit of the sandboxed Python process.")
+    python_output_bytes: int = Field(
+        64 * 1024, ge=1024, description="The python tool reads at most this much stdout (and stderr); past it the "
+        "sandbox is killed.",
+    )
     corpus: str = Field(
         "", description="Search tool: a directory of .txt/.md files or a .jsonl file with a 'text' field ('' = off)."
     )
