@@ -93,7 +93,7 @@ def build_config(opts: DemoOptions, run: str, state_dir: Path) -> JetrlConfig:
 
 async def _final_eval(launcher: Launcher, heldout: Path, version: int):
     """Evaluate one version in this process (local engine, greedy) and publish it like the eval process."""
-    from rollout_service.evaluate import eval_config, eval_once
+    from rollout_service.evaluation.session import eval_config, eval_once
 
     cfg = child_config(launcher.resolved)
     cfg.rollout.engine = "local"

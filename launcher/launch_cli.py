@@ -89,7 +89,8 @@ def eval_cmd(
     import json
     import signal
 
-    from rollout_service.evaluate import EvalError, eval_config, eval_follow, eval_once
+    from rollout_service.evaluation.follow import eval_follow
+    from rollout_service.evaluation.session import EvalError, eval_config, eval_once
     from shared.config.eval import EvalConfig
     from shared.telemetry import setup_logging
 
@@ -115,7 +116,7 @@ def eval_cmd(
         typer.secho("no held-out set: pass --dataset FILE (or set eval.dataset)", fg="red", err=True)
         raise typer.Exit(2)
     try:
-        from rollout_service.evaluate import read_rows
+        from rollout_service.evaluation.rows import read_rows
 
         read_rows(ecfg.dataset, ecfg)
     except ValueError as exc:

@@ -122,7 +122,7 @@ def _threads_env(n_torch: int) -> dict[str, str]:
 
 def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[ProcessSpec]:
     """Every child process of the run, in start order."""
-    from rollout_service.evaluate import eval_config
+    from rollout_service.evaluation.session import eval_config
 
     f = str(config_file)
     specs: list[ProcessSpec] = []

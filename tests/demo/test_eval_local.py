@@ -11,7 +11,7 @@ from eval_helpers import direct_greedy_reward
 from safetensors.torch import save_file
 
 from launcher.demo_task import make_rows, write_jsonl
-from rollout_service.evaluate import EvalError, eval_once, stored_versions
+from rollout_service.evaluation.session import EvalError, eval_once, stored_versions
 from shared.config import JetrlConfig
 from shared.config.eval import EvalConfig
 from shared.tinymodel import build_tiny_model

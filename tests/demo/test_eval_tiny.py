@@ -9,7 +9,7 @@ import pytest
 from eval_helpers import direct_greedy_reward
 
 from launcher.demo_task import make_rows, write_jsonl
-from rollout_service.evaluate import eval_once
+from rollout_service.evaluation.session import eval_once
 from shared import subjects
 from shared.codec import decode
 from shared.config import JetrlConfig
