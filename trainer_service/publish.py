@@ -26,6 +26,7 @@ from shared.config import JetrlConfig
 from shared.messages import WeightVersion
 from weight_store.announce import VersionConflict, announce, latest
 from weight_store.client import VersionTakenError, WeightStoreClient, WeightStoreError
+from weight_store.manifest import MANIFEST
 
 log = logging.getLogger("jetrl.trainer.publish")
 
@@ -99,15 +100,15 @@ class DirectoryPublisher:
                                   "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
             manifest = {"run": self.cfg.run, "version": version, "step": step, "files": files,
                         "metadata": metadata or {}}
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             return files
 
         files = await asyncio.to_thread(write)
-        sha = hashlib.sha256((final / "manifest.json").read_bytes()).hexdigest()
+        sha = hashlib.sha256((final / MANIFEST).read_bytes()).hexdigest()
         wv = WeightVersion(run=self.cfg.run, version=version, step=step, files=files, sha256=sha,
-                           manifest_url=(final / "manifest.json").resolve().as_uri())
+                           manifest_url=(final / MANIFEST).resolve().as_uri())
         await announce(self.js, wv)
         return wv
 
