@@ -52,7 +52,7 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def start_service(root: Path, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "shared.cli", "weights", "serve", f"weights.root={root}", f"weights.port={port}",
+    cmd = [sys.executable, "-m", "launcher.cli", "weights", "serve", f"weights.root={root}", f"weights.port={port}",
            "telemetry.log_level=WARNING"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

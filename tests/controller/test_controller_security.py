@@ -91,7 +91,7 @@ async def test_yaml_aliases_are_refused_with_a_clear_4xx(live):
 def test_config_show_refuses_a_circular_alias_without_a_traceback(tmp_path):
     cfg = tmp_path / "loop.yaml"
     cfg.write_text("rollout:\n  workflow_args:\n    a: &a [*a]\n")
-    proc = subprocess.run([sys.executable, "-m", "shared.cli", "config", "show", "-c", str(cfg)],
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "config", "show", "-c", str(cfg)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout[-500:] + proc.stderr[-2000:]
     assert "aliases" in proc.stderr and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) < 10
@@ -179,11 +179,11 @@ async def test_run_config_secrets_never_reach_the_database_file(live, tmp_path):
 def test_config_show_redacts_secrets(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"controller": {"token": "show-me-not-123"}}))
-    proc = subprocess.run([sys.executable, "-m", "shared.cli", "config", "show", "-c", str(cfg)],
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "config", "show", "-c", str(cfg)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "show-me-not-123" not in proc.stdout and "<redacted>" in proc.stdout
     cfg.write_text(proc.stdout)  # a redacted dump never runs with the placeholder as its token
-    proc = subprocess.run([sys.executable, "-m", "shared.cli", "config", "show", "-c", str(cfg)],
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "config", "show", "-c", str(cfg)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "controller.token" in proc.stderr and "placeholder" in proc.stderr
 

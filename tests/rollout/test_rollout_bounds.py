@@ -32,7 +32,7 @@ async def test_tasks_over_the_bounds_are_dead_lettered_and_sigterm_still_stops_t
                                                                               "stop_timeout_s": 10}}}
     JetrlConfig.model_validate(cfg)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "shared.cli", "rollout", "-c", str(tmp_path / "c.yaml"),
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "launcher.cli", "rollout", "-c", str(tmp_path / "c.yaml"),
                                                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
                                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
