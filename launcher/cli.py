@@ -59,17 +59,35 @@ def nats_cmd(
     store_dir: str = typer.Option("jetrl-nats", help="JetStream store dir (kept across restarts)."),
     max_payload_mb: int = typer.Option(8, help="Largest message in MiB (NATS default is 1)."),
     sync_interval: str = typer.Option("2m", help="JetStream fsync interval, or 'always'."),
-    user: str = typer.Option("", help="Require this user (with --password)."),
-    password: str = typer.Option("", help="Password for --user."),
-    token: str = typer.Option("", help="Require this token."),
+    user: str = typer.Option("", help="Require this user (its password from --password-file or JETRL_NATS_PASSWORD)."),
+    password_file: str = typer.Option("", help="File holding the password of --user (mode 0600)."),
+    token_file: str = typer.Option("", help="File holding a token clients must send (or JETRL_NATS_TOKEN)."),
+    insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth",
+                                          help="Accept anonymous clients (logged as a warning)."),
 ) -> None:
-    """Run the embedded nats-server (JetStream on) in the foreground until Ctrl-C."""
-    from shared.natsd import EmbeddedNats
+    """Run the embedded nats-server (JetStream on) in the foreground until Ctrl-C. Clients must
+    authenticate (user + password, or a token) unless --insecure-no-auth; secrets come from files or the
+    environment, never from the command line (anyone on the host can read it in `ps`)."""
+    import os
 
-    srv = EmbeddedNats(store_dir, port=port, host=host, max_payload=max_payload_mb * 1024 * 1024,
-                       sync_interval=sync_interval, user=user, password=password, token=token, die_with_parent=True)
+    from shared.auth import AuthConfigError
+    from shared.config import NatsConfig
+    from shared.credentials import SecretFileError
+    from shared.natsd import embedded_from_config
+
+    try:
+        ncfg = NatsConfig(user=user, password_file=password_file, token_file=token_file,
+                          password="" if password_file else os.environ.get("JETRL_NATS_PASSWORD", ""),
+                          token="" if token_file else os.environ.get("JETRL_NATS_TOKEN", ""),
+                          insecure_no_auth=insecure_no_auth, max_payload=max_payload_mb * 1024 * 1024,
+                          sync_interval=sync_interval, port=port)
+        srv = embedded_from_config(ncfg, store_dir, host=host, port=port, die_with_parent=True)
+    except (AuthConfigError, SecretFileError, ValueError) as exc:
+        typer.secho(f"jetrl nats: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     srv.start()
-    typer.echo(f"nats-server {srv.url} (JetStream store {srv.store_dir}, log {srv.log_file}); Ctrl-C to stop")
+    typer.echo(f"nats-server {srv.url} (JetStream store {srv.store_dir}, log {srv.log_file}, "
+               f"{'user/password' if srv.user else 'token' if srv.token else 'NO'} auth); Ctrl-C to stop")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:

@@ -62,8 +62,9 @@ def secret_fields(model_cls) -> list[str]:
     return out
 
 
-def redacted_dump(model) -> dict[str, Any]:
-    """`model.model_dump(mode="json")` with every non-empty secret field replaced by REDACTED."""
+def redacted_dump(model, placeholder: str = REDACTED) -> dict[str, Any]:
+    """`model.model_dump(mode="json")` with every non-empty secret field replaced by `placeholder`
+    (REDACTED; "" drops the secrets, for a config sent where they are not needed)."""
     from pydantic import BaseModel
 
     data = model.model_dump(mode="json")
@@ -71,7 +72,7 @@ def redacted_dump(model) -> dict[str, Any]:
     def walk(m: BaseModel, d: dict) -> None:
         for name in secret_fields(type(m)):
             if d.get(name):
-                d[name] = REDACTED
+                d[name] = placeholder
         for name in type(m).model_fields:
             v = getattr(m, name)
             if isinstance(v, BaseModel) and isinstance(d.get(name), dict):
