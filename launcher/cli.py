@@ -101,10 +101,32 @@ def nats_cmd(
         srv.stop()
 
 
+def secrets_cmd(
+    env_file: str = typer.Argument(..., help="The env file to write, e.g. compose/.env."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file (new secrets)."),
+) -> None:
+    """Write fresh random credentials (controller and weight-store tokens, NATS user and password) to an
+    env file, mode 0600: compose/docker-compose.yml reads them from compose/.env."""
+    from pathlib import Path
+
+    from shared.credentials import new_token, write_private
+
+    p = Path(env_file)
+    if p.exists() and not force:
+        typer.secho(f"{p} exists: keep it, or pass --force for new secrets (restart every service then)",
+                    fg="red", err=True)
+        raise typer.Exit(1)
+    write_private(p, f"JETRL_CONTROLLER_TOKEN={new_token()}\nJETRL_WEIGHTS_TOKEN={new_token()}\n"
+                     f"JETRL_NATS_USER=jetrl\nJETRL_NATS_PASSWORD={new_token()}\n")
+    typer.echo(f"wrote {p} (mode 0600): JETRL_CONTROLLER_TOKEN, JETRL_WEIGHTS_TOKEN, JETRL_NATS_USER, "
+               "JETRL_NATS_PASSWORD")
+
+
 def build_app() -> typer.Typer:
     app = typer.Typer(help="jetrl: asynchronous RL for LLM agents over NATS JetStream.", no_args_is_help=True,
                       pretty_exceptions_show_locals=False)
     app.command("nats")(nats_cmd)
+    app.command("secrets")(secrets_cmd)
     app.add_typer(config_app, name="config")
     app.add_typer(model_app, name="model")
 
