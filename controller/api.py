@@ -118,7 +118,8 @@ def make_app(ctl) -> FastAPI:
     def _reply(d: dict, created: bool) -> JSONResponse:
         return JSONResponse(dict(d, created=created), status_code=201 if created else 200)
 
-    @v1.post("/datasets", dependencies=write, status_code=201, summary="Register a dataset by upload")
+    @v1.post("/datasets", dependencies=write, status_code=201, summary="Register a dataset by upload",
+             operation_id="uploadDataset", openapi_extra=_links({"getDataset": {"dataset": "$response.body#/id"}}))
     def upload_dataset(file: UploadFile = File(description="JSONL (one JSON object per line) or Parquet."),
                        name: str = Form("", max_length=256), format: Literal["auto", "jsonl", "parquet"] = Form("auto"),
                        mapping: str = Form("", max_length=100_000,
@@ -140,7 +141,8 @@ def make_app(ctl) -> FastAPI:
         finally:
             tmp.unlink(missing_ok=True)
 
-    @v1.post("/datasets/path", dependencies=write, status_code=201, summary="Register a dataset by server-side path")
+    @v1.post("/datasets/path", dependencies=write, status_code=201, summary="Register a dataset by server-side path",
+             operation_id="registerDatasetPath", openapi_extra=_links({"getDataset": {"dataset": "$response.body#/id"}}))
     def path_dataset(req: PathDataset):
         p = ds.confine(req.path, ctl.ccfg.path_roots)  # first: outside the roots nothing is looked at
         try:
@@ -172,7 +174,8 @@ def make_app(ctl) -> FastAPI:
         with ctl.Session() as s:
             return [store.dataset_dict(d) for d in s.scalars(select(Dataset).order_by(Dataset.id).limit(limit))]
 
-    @v1.get("/datasets/{dataset}", summary="One dataset (id, content hash or name)", dependencies=read)
+    @v1.get("/datasets/{dataset}", summary="One dataset (id, content hash or name)", dependencies=read,
+            operation_id="getDataset")
     def get_dataset(dataset: str) -> dict[str, Any]:
         with ctl.Session() as s:
             return store.dataset_dict(store.find_dataset(s, dataset))
@@ -183,8 +186,12 @@ def make_app(ctl) -> FastAPI:
         "application/yaml": {"schema": {"type": "string", "description": "The same config as YAML"}},
     }}}
 
+    run_id = {"run": "$response.body#/id"}
+    run_links = _links({op: run_id for op in ("getRun", "enqueue", "listEnqueues", "pauseRun", "resumeRun", "stopRun",
+                                              "runLedger", "runEvents", "runMetrics")})
+
     @v1.post("/runs", dependencies=write, status_code=201, summary="Create a run from a config (JSON or YAML)",
-             openapi_extra=run_body)
+             operation_id="createRun", openapi_extra={**run_body, **run_links})
     async def create_run(request: Request):
         body = await _read_limited(request, 1 << 20, "run config is over 1 MiB")
         ctype = request.headers.get("content-type", "application/json").lower()
@@ -208,7 +215,8 @@ def make_app(ctl) -> FastAPI:
         with ctl.Session() as s:
             return [store.run_dict(s, r) for r in s.scalars(select(Run).order_by(Run.created_at))]
 
-    @v1.get("/runs/{run}", summary="Run status, admission bound and ledger summary", dependencies=read)
+    @v1.get("/runs/{run}", summary="Run status, admission bound and ledger summary", dependencies=read,
+            operation_id="getRun")
     def get_run(run: str = _run_path()) -> dict[str, Any]:
         with ctl.Session() as s:
             return store.run_dict(s, store.get_run(s, run))
@@ -223,15 +231,19 @@ def make_app(ctl) -> FastAPI:
         return handler
 
     for action in ("pause", "resume", "stop"):
-        v1.post(f"/runs/{{run}}/{action}", dependencies=write, summary=f"{action.capitalize()} a run")(_action(action))
+        v1.post(f"/runs/{{run}}/{action}", dependencies=write, summary=f"{action.capitalize()} a run",
+                operation_id=f"{action}Run", openapi_extra=_links({"getRun": run_id}, "200"))(_action(action))
 
-    @v1.post("/runs/{run}/enqueues", dependencies=write, status_code=201, summary="Enqueue a dataset into a run")
+    @v1.post("/runs/{run}/enqueues", dependencies=write, status_code=201, summary="Enqueue a dataset into a run",
+             operation_id="enqueue", openapi_extra=_links({"listEnqueues": {"run": "$response.body#/run"},
+                                                           "runLedger": {"run": "$response.body#/run"}}))
     def enqueue(req: EnqueueRequest, run: str = _run_path()):
         out, created = store.enqueue(ctl.Session, run, req.dataset, req.epochs, req.shuffle_seed, req.limit)
         ctl.run_changed(run)
         return _reply(out, created)
 
-    @v1.get("/runs/{run}/enqueues", summary="Enqueues of a run and how far each is released", dependencies=read)
+    @v1.get("/runs/{run}/enqueues", summary="Enqueues of a run and how far each is released", dependencies=read,
+            operation_id="listEnqueues")
     def list_enqueues(run: str = _run_path()) -> list[dict[str, Any]]:
         from sqlalchemy import select
 
@@ -248,7 +260,8 @@ def make_app(ctl) -> FastAPI:
             store.get_run(s, run)
             return store.versions(s, run)
 
-    @v1.get("/runs/{run}/metrics", summary="Metric series {service.name: [[x, value], ...]}", dependencies=read)
+    @v1.get("/runs/{run}/metrics", summary="Metric series {service.name: [[x, value], ...]}", dependencies=read,
+            operation_id="runMetrics")
     def metrics(run: str = _run_path(), name: list[str] = Query([], max_length=100),
                 limit: int = Query(20_000, ge=1, le=200_000)) -> dict[str, list[list[float]]]:
         with ctl.Session() as s:
@@ -261,7 +274,8 @@ def make_app(ctl) -> FastAPI:
             store.get_run(s, run)
             return store.staleness_hist(s, run, last)
 
-    @v1.get("/runs/{run}/events", summary="Events seen on the bus (after id, oldest first)", dependencies=read)
+    @v1.get("/runs/{run}/events", summary="Events seen on the bus (after id, oldest first)", dependencies=read,
+            operation_id="runEvents")
     def events(run: str = _run_path(), kind: str | None = Query(None, max_length=64),
                service: str | None = Query(None, max_length=64), after: int = Query(0, ge=0, le=2**62),
                limit: int = Query(200, ge=1, le=10_000)) -> list[dict[str, Any]]:
@@ -269,7 +283,8 @@ def make_app(ctl) -> FastAPI:
             store.get_run(s, run)
             return store.events(s, run, kind, service, after, limit)
 
-    @v1.get("/runs/{run}/ledger", summary="Where every released group stands", dependencies=read)
+    @v1.get("/runs/{run}/ledger", summary="Where every released group stands", dependencies=read,
+            operation_id="runLedger")
     def ledger_summary(run: str = _run_path()) -> dict[str, Any]:
         with ctl.Session() as s:
             r = store.get_run(s, run)
@@ -310,6 +325,14 @@ def make_app(ctl) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=DASHBOARD), name="static")
     return app
+
+
+def _links(targets: dict[str, dict[str, str]], *statuses: str) -> dict:
+    """OpenAPI links from a response to the operations that take its ids (schemathesis' stateful tests
+    follow them): {operationId: {parameter: runtime expression}}, on 201 and 200 by default."""
+    links = {op: {"operationId": op, "parameters": params} for op, params in targets.items()}
+    return {"responses": {st: {"description": "Created" if st == "201" else "OK", "links": links}
+                          for st in (statuses or ("201", "200"))}}
 
 
 async def _read_limited(request: Request, limit: int, message: str) -> bytes:

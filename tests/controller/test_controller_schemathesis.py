@@ -102,3 +102,36 @@ def test_openapi_spec_lists_the_v1_routes(api_schema):
               "/v1/runs/{run}/enqueues", "/v1/runs/{run}/metrics", "/v1/runs/{run}/ledger", "/v1/health"):
         assert p in paths, p
     assert json.dumps(spec).count("bearer") >= 1
+
+
+def test_every_operation_but_health_needs_the_token(api_schema):
+    base = api_schema.config.base_url
+    for op in (r.ok() for r in api_schema.get_all_operations()):
+        if op.path == "/v1/health":
+            continue
+        path = op.path.replace("{run}", "demo").replace("{dataset}", "1")
+        r = httpx.request(op.method.upper(), base + path, timeout=30)
+        assert r.status_code == 401, f"{op.method.upper()} {op.path}: {r.status_code}"
+
+
+def test_stateful_sequences_follow_links_between_runs_datasets_and_enqueues(api_schema):
+    """Schemathesis' stateful mode: created runs and datasets feed later calls through the spec's OpenAPI
+    links (createRun -> getRun / enqueue / pause / ledger ..., registerDataset* -> getDataset, enqueue ->
+    listEnqueues), with auth on; no sequence gives a 5xx or breaks the schema."""
+    seen: list[tuple[str, str, int]] = []
+
+    class Authed(api_schema.as_state_machine()):
+        def get_call_kwargs(self, case):
+            return {"headers": AUTH, "timeout": 30}
+
+        def after_call(self, response, case):
+            seen.append((case.operation.method.upper(), case.operation.path, response.status_code))
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            case.validate_response(response, checks=CHECKS)
+
+    Authed.run(settings=settings(max_examples=40, stateful_step_count=6, deadline=None, derandomize=True,
+                                 database=None, suppress_health_check=list(HealthCheck)))
+    linked = {(m, p) for m, p, status in seen if status < 300 and "{run}" in p}
+    assert ("GET", "/v1/runs/{run}") in linked, sorted(set(seen))[:40]  # a created run was read back by id
+    assert any(m == "POST" and p.endswith(("/pause", "/stop", "/resume")) for m, p in linked), sorted(set(seen))[:40]
