@@ -344,8 +344,11 @@ class Launcher:
 
     async def enqueue(self, path: str | Path, epochs: int = 1, shuffle_seed: int | None = None,
                       limit: int | None = None) -> dict:
-        """Register a JSONL/Parquet file by server-side path and enqueue it into the run."""
-        d = await self._check(await self.http.post("/v1/datasets/path", json={"path": str(Path(path).resolve())}))
+        """Upload a JSONL/Parquet file (server-side paths are off unless controller.path_roots names its dir)
+        and enqueue it into the run."""
+        p = Path(path).resolve()
+        with open(p, "rb") as f:
+            d = await self._check(await self.http.post("/v1/datasets", files={"file": (p.name, f)}, timeout=600.0))
         return await self._check(await self.http.post(f"/v1/runs/{self.run}/enqueues", json={
             "dataset": str(d["id"]), "epochs": epochs, "shuffle_seed": shuffle_seed, "limit": limit}))
 
