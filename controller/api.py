@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from controller import datasets as ds
 from controller import ledger, store
 from controller.store import ApiError
-from shared.auth import BearerAuth, check_auth_setting, token_matches
+from shared.auth import BearerAuth, RefuseControlChars, check_auth_setting, token_matches
 
 log = logging.getLogger("jetrl.controller.api")
 
@@ -91,6 +91,7 @@ def make_app(ctl) -> FastAPI:
     token = ctl.ccfg.secret("token")
     check_auth_setting(token, ctl.ccfg.insecure_no_auth, "controller", "the controller")
     # Checked on the raw request, before any body is read (a dependency would run after form parsing).
+    app.add_middleware(RefuseControlChars)
     app.add_middleware(BearerAuth, tokens=lambda _kind: [token], open_paths=OPEN_PATHS, open_prefixes=("/static/",),
                        wrong_status=401,
                        realm="jetrl controller")

@@ -110,3 +110,24 @@ class BearerAuth:
         # The body is never read: the connection is closed after this answer.
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class RefuseControlChars:
+    """ASGI middleware: a request path holding a control character (a decoded %0A, %00, ...) is a 400.
+    Starlette's route patterns end in `$`, which matches before a trailing newline, so `files/a.bin%0A`
+    would otherwise reach a handler as `a.bin`."""
+
+    def __init__(self, app, refusal: Refusal = _json_refusal):
+        self.app, self.refusal = app, refusal
+
+    async def __call__(self, scope, receive, send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if any(ord(c) < 32 or ord(c) == 127 for c in path):
+            body, ctype = self.refusal(400, "the request path holds a control character (newline, NUL, ...): "
+                                            "use plain names")
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode()),
+                                    (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

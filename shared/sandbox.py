@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import selectors
 import shutil
 import signal
 import subprocess
@@ -174,9 +175,7 @@ def run(argv: list[str], work: Path, limits: Limits, timeout_s: float, *, stdin:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(stdin)
         proc.stdin.close()
-        import selectors
-
-        sel = selectors.DefaultSelector()  # noqa: SIM115
+        sel = selectors.DefaultSelector()
         for f in (proc.stdout, proc.stderr):
             sel.register(f, selectors.EVENT_READ)
         open_fds = 2

@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from shared.auth import AuthConfigError, check_auth_setting, token_matches
+from shared.auth import AuthConfigError, RefuseControlChars, check_auth_setting, token_matches
 from shared.config import WeightStoreConfig
 from weight_store.ranges import RangeError, parse_range
 from weight_store.storage import Storage, StoreError, check_file_name, check_run, check_version
@@ -245,25 +245,9 @@ class FileRangeResponse(Response):
         return pos - self.start
 
 
-class RefuseControlChars:
-    """ASGI middleware: a request path with a control character (a decoded %0A, %00, ...) is a 400. Starlette's
-    route patterns end in `$`, which matches before a trailing newline, so `files/a.bin%0A` would otherwise
-    reach the handler as `a.bin`."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if any(ord(c) < 32 or ord(c) == 127 for c in path):
-            body = json.dumps({"error": "bad_name", "message": "the request path holds a control character "
-                                                               "(newline, NUL, ...): use plain names"}).encode()
-            await send({"type": "http.response.start", "status": 400,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                    (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
+def _refusal(status: int, message: str) -> tuple[bytes, str]:
+    code = {400: "bad_name", 401: "unauthorized", 403: "forbidden"}.get(status, "refused")
+    return json.dumps({"error": code, "message": message}).encode(), "application/json"
 
 
 def create_app(cfg: WeightStoreConfig) -> FastAPI:
@@ -280,7 +264,7 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
     for run in st.storage.runs():
         st.metrics.versions.labels(run).set(len(st.storage.versions(run)))
     app = FastAPI(title="jetrl weight store", docs_url=None, redoc_url=None)
-    app.add_middleware(RefuseControlChars)
+    app.add_middleware(RefuseControlChars, refusal=_refusal)
     app.state.store = st
 
     @app.get("/metrics")
