@@ -6,8 +6,12 @@ The consumer loop is where delivery guarantees live (docs/protocol.md, "Ack rule
 - while a handler runs, in-progress acks (one heartbeat task for all handlers, every ack_wait/3) keep
   JetStream from redelivering it;
 - success -> ack; `Transient` (or any other exception) -> nak with back-off, until the message has been
-  delivered `max_deliver` times; then, and for a message that cannot be decoded, a DeadLetter with the
-  original bytes and the reason goes to the DLQ stream and the message is terminated.
+  delivered `max_deliver` times; then, and for a message that cannot be decoded or that the handler
+  `Reject`s (over a bound), a DeadLetter with the original bytes and the reason goes to the DLQ stream
+  and the message is terminated. A letter that would exceed max_payload (headers counted) keeps reason,
+  headers, size and sha256 without the payload: the server would close the connection otherwise;
+- a connection closed for good (nats-py does not reconnect after a protocol error) ends `run()` with
+  ConnectionClosed, so the service exits and is restarted instead of retrying a dead connection;
 - a message redelivered more than `max_deliver` times (its last handler crashed) is dead-lettered too;
   the consumer itself has no server-side max_deliver, because a WorkQueue message that exhausts it is
   never delivered again and silently stays in the stream (../shared/notes/measured.md).
