@@ -183,7 +183,7 @@ def make_app(ctl) -> FastAPI:
 
     # --- runs ---------------------------------------------------------------------------------
     run_body = {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"type": "object", "description": "A JetrlConfig (GET /v1/schema/run-config)"}},
+        "application/json": {"schema": {"$ref": "#/components/schemas/JetrlConfig"}},
         "application/yaml": {"schema": {"type": "string", "description": "The same config as YAML"}},
     }}}
 
@@ -319,6 +319,7 @@ def make_app(ctl) -> FastAPI:
                 "services": services}
 
     app.include_router(v1)
+    _document_run_config(app)
 
     @app.get("/", include_in_schema=False)
     def dashboard():
@@ -326,6 +327,25 @@ def make_app(ctl) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=DASHBOARD), name="static")
     return app
+
+
+def _document_run_config(app: FastAPI) -> None:
+    """Put JetrlConfig (and the sections it refers to) into the spec's components, so the run-config body
+    of POST /v1/runs is documented field by field (and a fuzzer can build valid ones)."""
+    from shared.config import JetrlConfig
+
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = build()
+            schema = JetrlConfig.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps = spec.setdefault("components", {}).setdefault("schemas", {})
+            comps.update(schema.pop("$defs", {}))
+            comps["JetrlConfig"] = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def _links(targets: dict[str, dict[str, str]], *statuses: str) -> dict:
