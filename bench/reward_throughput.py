@@ -6,7 +6,13 @@ Completions are built from the GSM8K test split (tests/data/gsm8k): each request
 `--group` completions of one problem (the worked solution ending in "#### n", "\\boxed{n}", "The answer
 is n." or a wrong number). The service is a real `jetrl reward serve --task gsm8k` subprocess on an
 embedded nats-server; the client keeps `--concurrency` requests in flight. In-process = the same
-completions through reward_service.scorers.gsm8k.score in a loop. Last line: reward_service_ratio.
+completions through reward_service.scorers.gsm8k.score in a loop.
+
+Then the `code` scorer (--code-seconds, 0 = skip): scores/s of programs run inside the bubblewrap
+sandbox (shared/sandbox.py, one fresh sandbox per score) against the previous boundary, a plain
+subprocess with rlimits and its own session (`old_subprocess_score` below, the code before issue 16),
+both over the same harness and programs, `--code-threads` scores at once, in alternating rounds.
+Last lines: reward_service_ratio, then sandbox_overhead_ratio (new / old scores per second).
 """
 
 from __future__ import annotations
@@ -97,12 +103,104 @@ async def measure(url: str, work: list[tuple[list[str], str]], seconds: float, r
     return local[0] / local[1], remote[0] / remote[1], errors
 
 
+CODE_PROGRAM = "def add(a, b):\n    return a + b\n\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+CODE_TESTS = ["assert add(2, 3) == 5", "assert fib(15) == 610", {"input": "", "output": ""}]
+
+
+def old_subprocess_score(program: str, tests: list, wall_s: float = 4.0):
+    """The code scorer's boundary before issue 16: the same harness in a plain subprocess with rlimits,
+    its own session killed as a group, stdout/stderr to files. Kept here only to measure against."""
+    import secrets
+    import shutil
+    import signal
+    import tempfile
+
+    from reward_service.scorers import code
+
+    def limits() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CPU, (3, 3))
+        resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+
+    tmp = tempfile.mkdtemp(prefix="jetrl-code-old-")
+    try:
+        work = Path(tmp)
+        (work / "solution.py").write_text(program)
+        (work / "tests.json").write_text(json.dumps({"tests": tests, "output_cap": 1 << 20}))
+        nonce = secrets.token_hex(16)
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "PYTHONHASHSEED": "0"}
+        t0 = time.monotonic()
+        with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", str(code.HARNESS)], cwd=tmp, env=env,
+                                    stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True,
+                                    close_fds=True, preexec_fn=limits)
+            proc.stdin.write(nonce.encode() + b"\n")
+            proc.stdin.close()
+            timed_out = False
+            try:
+                proc.wait(timeout=wall_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        return code._outcome(work, nonce, len(tests), proc.returncode, timed_out, wall_s, time.monotonic() - t0)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def code_rate(score_fn, seconds: float, threads: int) -> tuple[int, float]:
+    """Scores per second of `score_fn(program, tests)` with `threads` running at once (as the reward
+    service's thread executor runs the code scorer)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stop_at = time.perf_counter() + seconds
+    counts = [0] * threads
+
+    def loop(k: int) -> None:
+        while time.perf_counter() < stop_at:
+            s = score_fn(CODE_PROGRAM, CODE_TESTS)
+            assert s.reward == 1.0 and s.error is None, s
+            counts[k] += 1
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(loop, range(threads)))
+    return sum(counts), time.perf_counter() - t0
+
+
+def measure_code(seconds: float, rounds: int, threads: int) -> tuple[float, float]:
+    from reward_service.scorers import code
+
+    def new(program, tests):
+        return code.run_sandboxed(program, tests, 4.0)
+
+    new_n = old_n = 0
+    new_t = old_t = 0.0
+    for _ in range(rounds):
+        n, t = code_rate(new, seconds / rounds, threads)
+        new_n, new_t = new_n + n, new_t + t
+        n, t = code_rate(old_subprocess_score, seconds / rounds, threads)
+        old_n, old_t = old_n + n, old_t + t
+    return new_n / new_t, old_n / old_t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--group", type=int, default=64, help="completions per request")
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     ap.add_argument("--seconds", type=float, default=8.0, help="total duration of each measurement")
     ap.add_argument("--rounds", type=int, default=8, help="alternating rounds the time is split into")
+    ap.add_argument("--code-seconds", type=float, default=20.0, help="duration of each code measurement (0 = skip)")
+    ap.add_argument("--code-threads", type=int, default=2, help="code scores run at once")
     args = ap.parse_args()
     work = groups(args.group)
     with EmbeddedNats() as srv:
@@ -122,6 +220,11 @@ def main() -> None:
     print(f"in-process gsm8k scorer: {local:,.0f} scores/s")
     print(f"one service process over NATS: {remote:,.0f} scores/s")
     print(f"reward_service_ratio: {remote / local:.3f}")
+    if args.code_seconds > 0:
+        new, old = measure_code(args.code_seconds, args.rounds, args.code_threads)
+        print(f"code scorer, {args.code_threads} at once: bubblewrap sandbox {new:,.1f} scores/s, "
+              f"previous plain subprocess {old:,.1f} scores/s")
+        print(f"sandbox_overhead_ratio: {new / old:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """REST routes of the controller, versioned under /v1 (OpenAPI at /openapi.json, docs at /docs).
 
-Writes (POST) need `Authorization: Bearer <controller.token>` when a token is configured. Every error
-is a 4xx JSON body {"detail": "what is wrong and what to fix", "errors": [...]}; reads are plain JSON.
+Every /v1 route except /v1/health needs `Authorization: Bearer <controller.token>` (reads too), checked
+before a request body is read (shared/auth.py); without a token the controller starts only with
+`controller.insecure_no_auth: true`. Every error is a 4xx JSON body {"detail": "what is wrong and what to
+fix", "errors": [...]}; reads are plain JSON.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
+import os
 import uuid
 from pathlib import Path as FsPath
 from typing import Any, Literal
@@ -25,10 +27,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from controller import datasets as ds
 from controller import ledger, store
 from controller.store import ApiError
+from shared.auth import BearerAuth, RefuseControlChars, check_auth_setting, token_matches
 
 log = logging.getLogger("jetrl.controller.api")
 
-RUN_ID = r"^[A-Za-z0-9_-]{1,64}$"
+RUN_ID = r"^[A-Za-z0-9_-]{1,64}$"  # pydantic-core (Rust regex): `$` is the end of the text
+OPEN_PATHS = ("/v1/health", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")  # + /static/
 DASHBOARD = FsPath(__file__).parent / "dashboard"
 
 
@@ -84,16 +88,20 @@ def make_app(ctl) -> FastAPI:
                   description="Datasets, runs, admission-controlled prompt release, and run telemetry.")
     app.state.ctl = ctl
     install_error_handlers(app)
+    token = ctl.ccfg.secret("token")
+    check_auth_setting(token, ctl.ccfg.insecure_no_auth, "controller", "the controller")
+    # Checked on the raw request, before any body is read (a dependency would run after form parsing).
+    app.add_middleware(RefuseControlChars)
+    app.add_middleware(BearerAuth, tokens=lambda _kind: [token], open_paths=OPEN_PATHS, open_prefixes=("/static/",),
+                       wrong_status=401,
+                       realm="jetrl controller")
 
-    def require_token(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        want = ctl.ccfg.token
-        if not want:
-            return
-        if cred is None or not hmac.compare_digest(cred.credentials.encode(), want.encode()):
-            raise ApiError(401, "missing or wrong bearer token: send 'Authorization: Bearer <controller.token>'")
+    def documented_auth(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        """Only puts the bearer scheme into the OpenAPI spec: BearerAuth has checked the token already."""
 
     v1 = APIRouter(prefix="/v1", responses=ERRORS)
-    write = [Depends(require_token)]
+    write = [Depends(documented_auth)]
+    read = [Depends(documented_auth)]
 
     # --- datasets -----------------------------------------------------------------------------
     def _normalize(path: FsPath, fmt: str, filename: str, mapping: ds.FieldMapping, name: str, source: str,
@@ -111,7 +119,8 @@ def make_app(ctl) -> FastAPI:
     def _reply(d: dict, created: bool) -> JSONResponse:
         return JSONResponse(dict(d, created=created), status_code=201 if created else 200)
 
-    @v1.post("/datasets", dependencies=write, status_code=201, summary="Register a dataset by upload")
+    @v1.post("/datasets", dependencies=write, status_code=201, summary="Register a dataset by upload",
+             operation_id="uploadDataset", openapi_extra=_links({"getDataset": {"dataset": "$response.body#/id"}}))
     def upload_dataset(file: UploadFile = File(description="JSONL (one JSON object per line) or Parquet."),
                        name: str = Form("", max_length=256), format: Literal["auto", "jsonl", "parquet"] = Form("auto"),
                        mapping: str = Form("", max_length=100_000,
@@ -133,19 +142,16 @@ def make_app(ctl) -> FastAPI:
         finally:
             tmp.unlink(missing_ok=True)
 
-    @v1.post("/datasets/path", dependencies=write, status_code=201, summary="Register a dataset by server-side path")
+    @v1.post("/datasets/path", dependencies=write, status_code=201, summary="Register a dataset by server-side path",
+             operation_id="registerDatasetPath", openapi_extra=_links({"getDataset": {"dataset": "$response.body#/id"}}))
     def path_dataset(req: PathDataset):
-        p = FsPath(req.path).expanduser()
+        p = ds.confine(req.path, ctl.ccfg.path_roots)  # first: outside the roots nothing is looked at
         try:
-            p = p.resolve()
-            ok = p.is_file()
-        except (OSError, RuntimeError, ValueError):
+            ok = p.is_file() and os.access(p, os.R_OK)
+        except OSError:
             ok = False
         if not ok:
             raise ApiError(404, f"{req.path!r} is not a readable file on the controller's host")
-        roots = [FsPath(r).expanduser().resolve() for r in ctl.ccfg.path_roots]
-        if roots and not any(p.is_relative_to(r) for r in roots):
-            raise ApiError(403, f"{str(p)!r} is outside controller.path_roots {ctl.ccfg.path_roots}")
         if p.stat().st_size > ctl.ccfg.max_upload_mb * 1024 * 1024:
             raise ApiError(413, f"{str(p)!r} is over {ctl.ccfg.max_upload_mb} MiB (controller.max_upload_mb)")
         return _reply(*_normalize(p, req.format, p.name, req.mapping, req.name or p.name, "path", str(p)))
@@ -153,13 +159,14 @@ def make_app(ctl) -> FastAPI:
     @v1.post("/datasets/hf", dependencies=write, status_code=201, summary="Register a Hugging Face dataset")
     def hf_dataset(req: HfDataset):
         cache = ctl.ccfg.hf_cache_dir or str(ctl.data_dir / "hf-cache")
-        rows = ds.read_hf(req.name, req.split, req.subset, req.data_files, req.revision, cache)
+        name, data_files = ds.check_hf_source(req.name, req.data_files, ctl.ccfg.path_roots)
+        rows = ds.read_hf(name, req.split, req.subset, data_files, req.revision, cache)
         norm = ds.normalize(rows, req.mapping, ctl.data_dir / "datasets", max_errors=ctl.ccfg.max_errors,
                             max_row_bytes=ctl.ccfg.max_line_kb * 1024, unit="row")
         ref = f"hf:{req.name}" + (f"/{req.subset}" if req.subset else "") + f"[{req.split}]"
         return _reply(*store.register_dataset(ctl.Session, norm, req.display_name or ref, "hf", ref, "hf"))
 
-    @v1.get("/datasets", summary="List datasets")
+    @v1.get("/datasets", summary="List datasets", dependencies=read)
     def list_datasets(limit: int = Query(100, ge=1, le=10_000)) -> list[dict[str, Any]]:
         from sqlalchemy import select
 
@@ -168,36 +175,39 @@ def make_app(ctl) -> FastAPI:
         with ctl.Session() as s:
             return [store.dataset_dict(d) for d in s.scalars(select(Dataset).order_by(Dataset.id).limit(limit))]
 
-    @v1.get("/datasets/{dataset}", summary="One dataset (id, content hash or name)")
+    @v1.get("/datasets/{dataset}", summary="One dataset (id, content hash or name)", dependencies=read,
+            operation_id="getDataset")
     def get_dataset(dataset: str) -> dict[str, Any]:
         with ctl.Session() as s:
             return store.dataset_dict(store.find_dataset(s, dataset))
 
     # --- runs ---------------------------------------------------------------------------------
     run_body = {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"type": "object", "description": "A JetrlConfig (GET /v1/schema/run-config)"}},
+        "application/json": {"schema": {"$ref": "#/components/schemas/JetrlConfig"}},
         "application/yaml": {"schema": {"type": "string", "description": "The same config as YAML"}},
     }}}
 
+    run_id = {"run": "$response.body#/id"}
+    run_links = _links({op: run_id for op in ("getRun", "enqueue", "listEnqueues", "pauseRun", "resumeRun", "stopRun",
+                                              "runLedger", "runEvents", "runMetrics")})
+
     @v1.post("/runs", dependencies=write, status_code=201, summary="Create a run from a config (JSON or YAML)",
-             openapi_extra=run_body)
+             operation_id="createRun", openapi_extra={**run_body, **run_links})
     async def create_run(request: Request):
-        body = await request.body()
-        if len(body) > 1 << 20:
-            raise ApiError(413, "run config is over 1 MiB")
+        body = await _read_limited(request, 1 << 20, "run config is over 1 MiB")
         ctype = request.headers.get("content-type", "application/json").lower()
         cfg = store.parse_run_config(body, ctype)
         run, created = await run_in_threadpool(store.create_run, ctl.Session, cfg)
         ctl.run_changed(cfg.run)
         return _reply(run, created)
 
-    @v1.get("/schema/run-config", summary="JSON schema of a run config")
+    @v1.get("/schema/run-config", summary="JSON schema of a run config", dependencies=read)
     def run_config_schema() -> dict[str, Any]:
         from shared.config import JetrlConfig
 
         return JetrlConfig.model_json_schema()
 
-    @v1.get("/runs", summary="List runs")
+    @v1.get("/runs", summary="List runs", dependencies=read)
     def list_runs() -> list[dict[str, Any]]:
         from sqlalchemy import select
 
@@ -206,7 +216,8 @@ def make_app(ctl) -> FastAPI:
         with ctl.Session() as s:
             return [store.run_dict(s, r) for r in s.scalars(select(Run).order_by(Run.created_at))]
 
-    @v1.get("/runs/{run}", summary="Run status, admission bound and ledger summary")
+    @v1.get("/runs/{run}", summary="Run status, admission bound and ledger summary", dependencies=read,
+            operation_id="getRun")
     def get_run(run: str = _run_path()) -> dict[str, Any]:
         with ctl.Session() as s:
             return store.run_dict(s, store.get_run(s, run))
@@ -221,15 +232,19 @@ def make_app(ctl) -> FastAPI:
         return handler
 
     for action in ("pause", "resume", "stop"):
-        v1.post(f"/runs/{{run}}/{action}", dependencies=write, summary=f"{action.capitalize()} a run")(_action(action))
+        v1.post(f"/runs/{{run}}/{action}", dependencies=write, summary=f"{action.capitalize()} a run",
+                operation_id=f"{action}Run", openapi_extra=_links({"getRun": run_id}, "200"))(_action(action))
 
-    @v1.post("/runs/{run}/enqueues", dependencies=write, status_code=201, summary="Enqueue a dataset into a run")
+    @v1.post("/runs/{run}/enqueues", dependencies=write, status_code=201, summary="Enqueue a dataset into a run",
+             operation_id="enqueue", openapi_extra=_links({"listEnqueues": {"run": "$response.body#/run"},
+                                                           "runLedger": {"run": "$response.body#/run"}}))
     def enqueue(req: EnqueueRequest, run: str = _run_path()):
         out, created = store.enqueue(ctl.Session, run, req.dataset, req.epochs, req.shuffle_seed, req.limit)
         ctl.run_changed(run)
         return _reply(out, created)
 
-    @v1.get("/runs/{run}/enqueues", summary="Enqueues of a run and how far each is released")
+    @v1.get("/runs/{run}/enqueues", summary="Enqueues of a run and how far each is released", dependencies=read,
+            operation_id="listEnqueues")
     def list_enqueues(run: str = _run_path()) -> list[dict[str, Any]]:
         from sqlalchemy import select
 
@@ -240,26 +255,28 @@ def make_app(ctl) -> FastAPI:
             return [store.enqueue_dict(e) for e in s.scalars(select(Enqueue).where(Enqueue.run_id == run).order_by(Enqueue.id))]
 
     # --- reads --------------------------------------------------------------------------------
-    @v1.get("/runs/{run}/versions", summary="Weight versions announced on the bus")
+    @v1.get("/runs/{run}/versions", summary="Weight versions announced on the bus", dependencies=read)
     def versions(run: str = _run_path()) -> list[dict[str, Any]]:
         with ctl.Session() as s:
             store.get_run(s, run)
             return store.versions(s, run)
 
-    @v1.get("/runs/{run}/metrics", summary="Metric series {service.name: [[x, value], ...]}")
+    @v1.get("/runs/{run}/metrics", summary="Metric series {service.name: [[x, value], ...]}", dependencies=read,
+            operation_id="runMetrics")
     def metrics(run: str = _run_path(), name: list[str] = Query([], max_length=100),
                 limit: int = Query(20_000, ge=1, le=200_000)) -> dict[str, list[list[float]]]:
         with ctl.Session() as s:
             store.get_run(s, run)
             return store.metric_series(s, run, name, limit)
 
-    @v1.get("/runs/{run}/staleness", summary="Staleness histogram of trained samples")
+    @v1.get("/runs/{run}/staleness", summary="Staleness histogram of trained samples", dependencies=read)
     def staleness(run: str = _run_path(), last: int = Query(0, ge=0, le=1_000_000)) -> dict[str, int]:
         with ctl.Session() as s:
             store.get_run(s, run)
             return store.staleness_hist(s, run, last)
 
-    @v1.get("/runs/{run}/events", summary="Events seen on the bus (after id, oldest first)")
+    @v1.get("/runs/{run}/events", summary="Events seen on the bus (after id, oldest first)", dependencies=read,
+            operation_id="runEvents")
     def events(run: str = _run_path(), kind: str | None = Query(None, max_length=64),
                service: str | None = Query(None, max_length=64), after: int = Query(0, ge=0, le=2**62),
                limit: int = Query(200, ge=1, le=10_000)) -> list[dict[str, Any]]:
@@ -267,7 +284,8 @@ def make_app(ctl) -> FastAPI:
             store.get_run(s, run)
             return store.events(s, run, kind, service, after, limit)
 
-    @v1.get("/runs/{run}/ledger", summary="Where every released group stands")
+    @v1.get("/runs/{run}/ledger", summary="Where every released group stands", dependencies=read,
+            operation_id="runLedger")
     def ledger_summary(run: str = _run_path()) -> dict[str, Any]:
         with ctl.Session() as s:
             r = store.get_run(s, run)
@@ -276,7 +294,7 @@ def make_app(ctl) -> FastAPI:
                        current_version=r.current_version, enqueued=d["enqueued"])
             return out
 
-    @v1.get("/runs/{run}/queues", summary="Queue depths on the bus (prompts, trajectories, dead letters)")
+    @v1.get("/runs/{run}/queues", summary="Queue depths on the bus (prompts, trajectories, dead letters)", dependencies=read)
     async def queues(run: str = _run_path()) -> dict[str, Any]:
         def check():
             with ctl.Session() as s:
@@ -286,7 +304,8 @@ def make_app(ctl) -> FastAPI:
         return await ctl.queue_depths(run)
 
     @v1.get("/health", summary="Controller health and every service seen on the bus")
-    def health() -> dict[str, Any]:
+    def health(request: Request) -> dict[str, Any]:
+        """Open (for probes); the services seen on the bus only for a caller with the token."""
         db = "ok"
         services: list = []
         try:
@@ -294,10 +313,13 @@ def make_app(ctl) -> FastAPI:
                 services = store.health(s, stale_after_s=3 * ctl.cfg.telemetry.events_interval_s + 5)
         except Exception as exc:
             db = f"{type(exc).__name__}: {exc}"
+        if token and not token_matches(request.headers.get("authorization", ""), token):
+            services = []
         return {"status": "ok" if db == "ok" and ctl.ready else "degraded", "database": db, "nats": ctl.nats_state,
                 "services": services}
 
     app.include_router(v1)
+    _document_run_config(app)
 
     @app.get("/", include_in_schema=False)
     def dashboard():
@@ -305,6 +327,46 @@ def make_app(ctl) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=DASHBOARD), name="static")
     return app
+
+
+def _document_run_config(app: FastAPI) -> None:
+    """Put JetrlConfig (and the sections it refers to) into the spec's components, so the run-config body
+    of POST /v1/runs is documented field by field (and a fuzzer can build valid ones)."""
+    from shared.config import JetrlConfig
+
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = build()
+            schema = JetrlConfig.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps = spec.setdefault("components", {}).setdefault("schemas", {})
+            comps.update(schema.pop("$defs", {}))
+            comps["JetrlConfig"] = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def _links(targets: dict[str, dict[str, str]], *statuses: str) -> dict:
+    """OpenAPI links from a response to the operations that take its ids (schemathesis' stateful tests
+    follow them): {operationId: {parameter: runtime expression}}, on 201 and 200 by default."""
+    links = {op: {"operationId": op, "parameters": params} for op, params in targets.items()}
+    return {"responses": {st: {"description": "Created" if st == "201" else "OK", "links": links}
+                          for st in (statuses or ("201", "200"))}}
+
+
+async def _read_limited(request: Request, limit: int, message: str) -> bytes:
+    """The request body, refused with 413 as soon as it (or its Content-Length) passes `limit`."""
+    n = request.headers.get("content-length")
+    if n is not None and (not n.isdigit() or int(n) > limit):
+        raise ApiError(413, message)
+    out = bytearray()
+    async for chunk in request.stream():
+        out += chunk
+        if len(out) > limit:
+            raise ApiError(413, message)
+    return bytes(out)
 
 
 def _run_path():

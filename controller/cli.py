@@ -16,34 +16,72 @@ def controller_cmd(config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES
     run_async(_serve(cfg))
 
 
+def _server_class():
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises a captured SIGTERM/SIGINT once it has shut down, which ends the process before
+        any `finally` runs (the embedded nats-server was left running, orphaned). Here the signal only stops
+        the server; _serve then stops what it started and returns."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
+
+    return Server
+
+
 async def _serve(cfg) -> None:
     import uvicorn
 
     from controller.api import make_app
     from controller.service import Controller
+    from shared.auth import AuthConfigError
+    from shared.credentials import SecretFileError
     from shared.telemetry import setup_logging
 
     setup_logging(cfg.telemetry, "controller")
     srv = None
-    if cfg.nats.embedded:
-        from shared.natsd import EmbeddedNats
+    try:
+        if cfg.nats.embedded:
+            from shared.natsd import embedded_from_config
 
-        srv = EmbeddedNats(cfg.nats.store_dir or None, port=cfg.nats.port, max_payload=cfg.nats.max_payload,
-                           sync_interval=cfg.nats.sync_interval).start()
-        cfg.nats.servers = [srv.url]
-    try:
-        ctl = Controller(cfg)
-    except Exception as exc:
-        typer.secho(f"controller: cannot open database {cfg.controller.db_url!r}: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    app = make_app(ctl)
-    server = uvicorn.Server(uvicorn.Config(app, host=cfg.controller.host, port=cfg.controller.port,
-                                           log_level=cfg.telemetry.log_level.lower(), access_log=False))
-    try:
+            # die_with_parent: a SIGKILLed controller takes its server along (Linux)
+            srv = embedded_from_config(cfg.nats, die_with_parent=True).start()
+            cfg.nats.servers = [srv.url]
+        try:
+            ctl = Controller(cfg)
+        except Exception as exc:
+            typer.secho(f"controller: cannot open database {cfg.controller.db_url!r}: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        try:
+            app = make_app(ctl)
+        except (AuthConfigError, SecretFileError) as exc:
+            typer.secho(f"config error: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        server = _server_class()(uvicorn.Config(app, host=cfg.controller.host, port=cfg.controller.port,
+                                                log_level=cfg.telemetry.log_level.lower(), access_log=False))
         await server.serve()
+    except (AuthConfigError, SecretFileError) as exc:
+        typer.secho(f"config error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     finally:
         if srv is not None:
             srv.stop()
+
+
+def _config_token(cfg) -> str:
+    from shared.credentials import SecretFileError
+
+    try:
+        return cfg.controller.secret("token")
+    except SecretFileError as exc:
+        typer.secho(f"config error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 def _client(url: str, token: str):
@@ -92,13 +130,13 @@ def enqueue_cmd(
     map_: list[str] = typer.Option(None, "--map", help="Field mapping, e.g. --map prompt=question --map reference=answer"),
     create: str | None = typer.Option(None, "--create", help="Create the run from this config file if it is missing."),
     url: str = typer.Option("", help="Controller URL (default: controller.url of the config)."),
-    token: str = typer.Option("", envvar="JETRL_TOKEN", help="Bearer token for writes."),
+    token: str = typer.Option("", envvar="JETRL_TOKEN", help="Bearer token (default: controller.token[_file])."),
     config: str = CONFIG_OPTION,
 ) -> None:
     """Register a dataset with the controller and enqueue it into a run."""
     cfg = load_or_exit(config, [])
     mapping = _mapping(map_)
-    with _client(url or cfg.controller.url, token or cfg.controller.token) as c:
+    with _client(url or cfg.controller.url, token or _config_token(cfg)) as c:
         if create:
             text = Path(create).read_text()
             out = _check(c.post("/v1/runs", content=text.encode(), headers={"Content-Type": "application/yaml"}))
@@ -127,11 +165,12 @@ def status_cmd(
     run: str = typer.Argument(None, help="Run id (default: every run)."),
     url: str = typer.Option("", help="Controller URL (default: controller.url of the config)."),
     as_json: bool = typer.Option(False, "--json", help="Print the raw JSON."),
+    token: str = typer.Option("", envvar="JETRL_TOKEN", help="Bearer token (default: controller.token[_file])."),
     config: str = CONFIG_OPTION,
 ) -> None:
     """Show runs: status, weight version, admission bound and the prompt ledger."""
     cfg = load_or_exit(config, [])
-    with _client(url or cfg.controller.url, "") as c:
+    with _client(url or cfg.controller.url, token or _config_token(cfg)) as c:
         runs = [_check(c.get(f"/v1/runs/{run}"))] if run else _check(c.get("/v1/runs"))
         health = _check(c.get("/v1/health"))
     if as_json:

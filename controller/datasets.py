@@ -13,6 +13,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,6 +146,65 @@ def read_hf(name: str, split: str, subset: str | None = None, data_files: list[s
         raise DatasetError(f"dataset {name!r} did not return a single split; name one with split=")
     for i, row in enumerate(ds, 1):
         yield i, dict(row)
+
+
+# --- where server-side data may come from ---------------------------------------------------------
+
+# `datasets` builders that read the files named in data_files (never the hub).
+FILE_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas", "webdataset", "imagefolder", "audiofolder",
+                 "videofolder", "xml", "sql"}
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?")
+_HUB_FILE = re.compile(r"[A-Za-z0-9_.*?\[\]{}-][A-Za-z0-9_.*?/\[\]{},-]{0,511}")
+
+
+def confine(path: str, roots: list[str], what: str = "path") -> Path:
+    """`path` resolved (symlinks followed) when it lies under one of `roots`; else DatasetError 403.
+
+    The refusal is the same whether or not the file exists, and names only what the client sent, so the
+    answer tells nothing about the host's files outside the roots."""
+    if not roots:
+        raise DatasetError(f"{what} {path!r}: server-side paths are off (controller.path_roots is empty): upload "
+                           f"the file, or add its directory to controller.path_roots", status=403)
+    try:
+        p = Path(path).expanduser()
+        if not p.is_absolute():
+            raise ValueError("relative")
+        p = p.resolve()
+        allowed = [Path(r).expanduser().resolve() for r in roots]
+    except (OSError, RuntimeError, ValueError):
+        p, allowed = None, []
+    if p is None or not any(p.is_relative_to(r) for r in allowed):
+        raise DatasetError(f"{what} {path!r} is not an absolute path under controller.path_roots {roots}", status=403)
+    return p
+
+
+def check_hf_source(name: str, data_files: list[str] | None, roots: list[str]) -> tuple[str, list[str] | None]:
+    """What /v1/datasets/hf may load: a hub dataset id (its data_files relative names inside the repo), or
+    local files/dirs under controller.path_roots (a builder such as json with data_files, or a dataset dir).
+    Returns (name, data_files) with local paths resolved; DatasetError 403/422 otherwise."""
+    local_name = name.startswith(("/", ".", "~")) or "\\" in name
+    if local_name:
+        name = str(confine(name, roots, "dataset dir"))
+    elif name.lower() in FILE_BUILDERS:
+        if not data_files:
+            raise DatasetError(f"builder {name!r} reads data_files: name the files (under controller.path_roots)",
+                               status=422)
+        data_files = [str(confine(f, roots, "data file")) for f in data_files]
+        return name, data_files
+    elif not _HUB_ID.fullmatch(name) or ".." in name:
+        raise DatasetError(f"name {name!r} is neither a Hugging Face hub id (owner/name) nor a builder "
+                           f"({', '.join(sorted(FILE_BUILDERS))}) nor an absolute dataset dir", status=422)
+    elif Path(name).exists():  # `datasets` would read a relative local dir of this name first
+        name = str(confine(str(Path(name).absolute()), roots, "dataset dir"))
+    if data_files:
+        if local_name or Path(name).is_absolute():
+            data_files = [str(confine(f, roots, "data file")) for f in data_files]
+        else:  # files inside a hub repo: relative names only (no URLs, no absolute or parent paths)
+            for f in data_files:
+                if not _HUB_FILE.fullmatch(f) or ".." in f or "://" in f or f.startswith("/"):
+                    raise DatasetError(f"data file {f!r} of hub dataset {name!r} must be a relative path inside "
+                                       f"the dataset repo (no URL, no absolute path, no '..')", status=422)
+    return name, data_files
 
 
 # --- mapping and validation -----------------------------------------------------------------------

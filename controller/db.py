@@ -176,12 +176,24 @@ class SchemaTooNew(RuntimeError):
     pass
 
 
+def _private_sqlite_file(path: Path) -> None:
+    """Create the database file (and make an existing one) readable by its owner only: it holds run
+    configs, dataset paths and every event. SQLite gives its -wal and -shm files the database's mode."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if p.exists():
+            os.chmod(p, 0o600)
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`; SQLite gets WAL, a busy timeout and its parent dir created."""
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":
-            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            _private_sqlite_file(Path(u.database).expanduser())
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")

@@ -129,7 +129,11 @@ def store_dead_letter(Session_, run_id: str, dl: DeadLetter, seq: int | None) ->
         orig = codec.decode(dl.original, expect=(PromptTask, TrajectoryGroup))
         group_id = orig.group_id
     except codec.DecodeError:
-        pass
+        # no payload (it would not fit in the letter) or a broken one: prompts and groups are published
+        # with their group id as Nats-Msg-Id
+        mid = (dl.headers or {}).get(subjects.MSG_ID_HEADER)
+        if isinstance(mid, str) and mid.startswith(f"{run_id}:") and len(mid) <= 200:
+            group_id = mid
     data = {"source": dl.source, "subject": dl.subject, "reason": dl.reason, "group_id": group_id,
             "delivery_count": dl.delivery_count, "stream": dl.stream, "stream_seq": dl.stream_seq}
     try:

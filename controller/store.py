@@ -74,21 +74,45 @@ def find_dataset(s: Session, ref: str) -> Dataset:
 # --- runs -----------------------------------------------------------------------------------------
 
 
+MAX_CONFIG_DEPTH = 32
+
+
+def _depth(v, limit: int, level: int = 0) -> int:
+    """Nesting depth of a parsed config, counted up to just past `limit` (iterative: no recursion)."""
+    deepest, stack = level, [(v, level)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(node, dict):
+            stack.extend((x, d + 1) for x in node.values())
+        elif isinstance(node, list):
+            stack.extend((x, d + 1) for x in node)
+    return deepest
+
+
 def parse_run_config(body: bytes, content_type: str) -> JetrlConfig:
-    """A run config from a JSON or YAML request body, validated like the CLI's config files."""
+    """A run config from a JSON or YAML request body, validated like the CLI's config files. YAML aliases
+    are refused (a few hundred bytes of nested aliases expand to gigabytes), and so is nesting deeper than
+    MAX_CONFIG_DEPTH."""
     import yaml
     from pydantic import ValidationError
 
+    from shared.config import safe_yaml_load
+
     text = body.decode("utf-8", errors="replace")
+    kind = "JSON" if "json" in content_type else "YAML"
     try:
-        if "json" in content_type:
-            data = json.loads(text)
-        else:
-            data = yaml.safe_load(text)
+        data = json.loads(text) if kind == "JSON" else safe_yaml_load(text)
+    except RecursionError:
+        raise ApiError(400, f"run config is not valid {kind}: nested too deeply") from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ApiError(400, f"run config is not valid {'JSON' if 'json' in content_type else 'YAML'}: {exc}") from None
+        raise ApiError(400, f"run config is not valid {kind}: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError(422, "run config must be a mapping of sections (run, schedule, rollout, ...)")
+    if _depth(data, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
+        raise ApiError(422, f"run config is nested deeper than {MAX_CONFIG_DEPTH} levels: flatten it")
     try:
         return JetrlConfig.model_validate(data)
     except ValidationError as exc:
@@ -123,7 +147,11 @@ def get_run(s: Session, run_id: str) -> Run:
 
 
 def create_run(Session_, cfg: JetrlConfig) -> tuple[dict, bool]:
-    data = cfg.model_dump(mode="json")
+    """Store the run's config with its secrets (tokens, NATS password) redacted: the database only needs
+    the schedule and the algorithm, and is read by more people than the services' secrets are."""
+    from shared.credentials import redacted_dump
+
+    data = redacted_dump(cfg)
     with Session_.begin() as s:
         r = s.get(Run, cfg.run)
         if r is not None:

@@ -59,17 +59,35 @@ def nats_cmd(
     store_dir: str = typer.Option("jetrl-nats", help="JetStream store dir (kept across restarts)."),
     max_payload_mb: int = typer.Option(8, help="Largest message in MiB (NATS default is 1)."),
     sync_interval: str = typer.Option("2m", help="JetStream fsync interval, or 'always'."),
-    user: str = typer.Option("", help="Require this user (with --password)."),
-    password: str = typer.Option("", help="Password for --user."),
-    token: str = typer.Option("", help="Require this token."),
+    user: str = typer.Option("", help="Require this user (its password from --password-file or JETRL_NATS_PASSWORD)."),
+    password_file: str = typer.Option("", help="File holding the password of --user (mode 0600)."),
+    token_file: str = typer.Option("", help="File holding a token clients must send (or JETRL_NATS_TOKEN)."),
+    insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth",
+                                          help="Accept anonymous clients (logged as a warning)."),
 ) -> None:
-    """Run the embedded nats-server (JetStream on) in the foreground until Ctrl-C."""
-    from shared.natsd import EmbeddedNats
+    """Run the embedded nats-server (JetStream on) in the foreground until Ctrl-C. Clients must
+    authenticate (user + password, or a token) unless --insecure-no-auth; secrets come from files or the
+    environment, never from the command line (anyone on the host can read it in `ps`)."""
+    import os
 
-    srv = EmbeddedNats(store_dir, port=port, host=host, max_payload=max_payload_mb * 1024 * 1024,
-                       sync_interval=sync_interval, user=user, password=password, token=token, die_with_parent=True)
+    from shared.auth import AuthConfigError
+    from shared.config import NatsConfig
+    from shared.credentials import SecretFileError
+    from shared.natsd import embedded_from_config
+
+    try:
+        ncfg = NatsConfig(user=user, password_file=password_file, token_file=token_file,
+                          password="" if password_file else os.environ.get("JETRL_NATS_PASSWORD", ""),
+                          token="" if token_file else os.environ.get("JETRL_NATS_TOKEN", ""),
+                          insecure_no_auth=insecure_no_auth, max_payload=max_payload_mb * 1024 * 1024,
+                          sync_interval=sync_interval, port=port)
+        srv = embedded_from_config(ncfg, store_dir, host=host, port=port, die_with_parent=True)
+    except (AuthConfigError, SecretFileError, ValueError) as exc:
+        typer.secho(f"jetrl nats: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     srv.start()
-    typer.echo(f"nats-server {srv.url} (JetStream store {srv.store_dir}, log {srv.log_file}); Ctrl-C to stop")
+    typer.echo(f"nats-server {srv.url} (JetStream store {srv.store_dir}, log {srv.log_file}, "
+               f"{'user/password' if srv.user else 'token' if srv.token else 'NO'} auth); Ctrl-C to stop")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
@@ -83,10 +101,32 @@ def nats_cmd(
         srv.stop()
 
 
+def secrets_cmd(
+    env_file: str = typer.Argument(..., help="The env file to write, e.g. compose/.env."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file (new secrets)."),
+) -> None:
+    """Write fresh random credentials (controller and weight-store tokens, NATS user and password) to an
+    env file, mode 0600: compose/docker-compose.yml reads them from compose/.env."""
+    from pathlib import Path
+
+    from shared.credentials import new_token, write_private
+
+    p = Path(env_file)
+    if p.exists() and not force:
+        typer.secho(f"{p} exists: keep it, or pass --force for new secrets (restart every service then)",
+                    fg="red", err=True)
+        raise typer.Exit(1)
+    write_private(p, f"JETRL_CONTROLLER_TOKEN={new_token()}\nJETRL_WEIGHTS_TOKEN={new_token()}\n"
+                     f"JETRL_NATS_USER=jetrl\nJETRL_NATS_PASSWORD={new_token()}\n")
+    typer.echo(f"wrote {p} (mode 0600): JETRL_CONTROLLER_TOKEN, JETRL_WEIGHTS_TOKEN, JETRL_NATS_USER, "
+               "JETRL_NATS_PASSWORD")
+
+
 def build_app() -> typer.Typer:
     app = typer.Typer(help="jetrl: asynchronous RL for LLM agents over NATS JetStream.", no_args_is_help=True,
                       pretty_exceptions_show_locals=False)
     app.command("nats")(nats_cmd)
+    app.command("secrets")(secrets_cmd)
     app.add_typer(config_app, name="config")
     app.add_typer(model_app, name="model")
 

@@ -35,7 +35,7 @@ from launcher.demo import demo_settings
 from launcher.demo_task import make_rows, write_jsonl
 from launcher.up import Launcher, UpOptions
 from shared import bus, codec, subjects
-from shared.config import JetrlConfig, NatsConfig, load_config
+from shared.config import JetrlConfig, load_config
 from shared.messages import WeightVersion
 
 # Killed in this order; the names are the supervisor's children.
@@ -401,7 +401,8 @@ class FaultScenario:
         ]
         payloads = [("not msgpack", b"\xc1 this is not msgpack"),
                     ("wrong schema", codec.encode(WeightVersion(run=self.run, version=0)))]
-        nc = await bus.connect(NatsConfig(servers=self.resolved.nats.servers), name="fault-scenario")
+        # the run's own NATS credentials (jetrl up generated them; anonymous clients are refused)
+        nc = await bus.connect(self.resolved.nats.model_copy(update={"embedded": False}), name="fault-scenario")
         try:
             js = nc.jetstream()
             t0 = time.time()

@@ -26,6 +26,7 @@ from typing import Any
 
 from launcher.supervisor import ProcessSpec, Supervisor
 from shared.config import JetrlConfig, dump_config
+from shared.credentials import write_private
 from shared.natsd import free_port
 
 CHILD = [sys.executable, "-m", "launcher.cli"]
@@ -100,7 +101,52 @@ def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
     ev = getattr(out, "eval", None)
     if ev is not None and ev.dataset:
         ev.dataset = str(Path(ev.dataset).resolve())
+    _run_secrets(out, run_dir / "secrets")
     return out
+
+
+def _secret_into_file(section, name: str, path: Path) -> None:
+    """Make `section.<name>` come from a 0600 file: the user's file as given, an inline value moved into
+    `path`, or a fresh random one in `path` (kept across `jetrl up` restarts of the same run dir)."""
+    from shared.credentials import new_token, write_private
+
+    if getattr(section, f"{name}_file"):
+        setattr(section, f"{name}_file", str(Path(getattr(section, f"{name}_file")).expanduser().resolve()))
+        return
+    value = getattr(section, name)
+    if value:
+        write_private(path, value + "\n")
+    elif not path.is_file():
+        write_private(path, new_token() + "\n")
+    os.chmod(path, 0o600)
+    setattr(section, name, "")
+    setattr(section, f"{name}_file", str(path))
+
+
+def _run_secrets(out: JetrlConfig, secrets_dir: Path) -> None:
+    """Authenticated by default: the controller's and the weight store's bearer tokens and the embedded NATS
+    server's user + password live in 0600 files under `<run dir>/secrets/` (generated per run unless the
+    config names them); the config every child reads holds their paths, never the values. A section with
+    `insecure_no_auth: true` is left open (and its service logs a warning)."""
+    secrets_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(secrets_dir, 0o700)
+    if not out.controller.insecure_no_auth:
+        _secret_into_file(out.controller, "token", secrets_dir / "controller.token")
+    if not out.weights.insecure_no_auth:
+        _secret_into_file(out.weights, "token", secrets_dir / "weights.token")
+        if out.weights.read_token or out.weights.read_token_file:
+            _secret_into_file(out.weights, "read_token", secrets_dir / "weights.read_token")
+    n = out.nats
+    if n.embedded and not n.insecure_no_auth:
+        if n.token or n.token_file:
+            _secret_into_file(n, "token", secrets_dir / "nats.token")
+        else:
+            n.user = n.user or "jetrl"
+            _secret_into_file(n, "password", secrets_dir / "nats.password")
+    elif n.password or n.token:  # an external server's credentials: out of the children's config too
+        for name in ("password", "token"):
+            if getattr(n, name):
+                _secret_into_file(n, name, secrets_dir / f"nats.{name}")
 
 
 def child_config(resolved: JetrlConfig) -> JetrlConfig:
@@ -131,10 +177,13 @@ def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[Proc
         argv = CHILD + ["nats", "--port", str(n.port), "--store-dir", n.store_dir,
                         "--max-payload-mb", str(max(1, -(-n.max_payload // (1024 * 1024)))),
                         "--sync-interval", n.sync_interval]
+        # credentials by file (never on a command line, which every user of the host can read in ps)
         if n.user:
-            argv += ["--user", n.user, "--password", n.password]
-        elif n.token:
-            argv += ["--token", n.token]
+            argv += ["--user", n.user, "--password-file", n.password_file]
+        elif n.token_file:
+            argv += ["--token-file", n.token_file]
+        else:
+            argv += ["--insecure-no-auth"]
         specs.append(ProcessSpec("nats", argv, ready_line="nats-server nats://"))
     specs.append(ProcessSpec("controller", CHILD + ["controller", "-c", f]))
     specs.append(ProcessSpec("weights", CHILD + ["weights", "serve", "-c", f]))
@@ -166,7 +215,7 @@ def write_resolved(cfg: JetrlConfig, opts: UpOptions) -> tuple[JetrlConfig, Path
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     resolved = resolve_config(cfg, opts.run_dir)
     path = opts.run_dir.resolve() / "config.yaml"
-    path.write_text(dump_config(child_config(resolved)))
+    write_private(path, dump_config(child_config(resolved)))  # 0600: it names the secret files
     return resolved, path
 
 
@@ -230,7 +279,7 @@ class Launcher:
         import httpx
 
         self.http = httpx.AsyncClient(base_url=self.resolved.controller.url, timeout=30.0,
-                                      headers=self._auth(self.resolved.controller.token))
+                                      headers=self._auth(self.resolved.controller.secret("token")))
         first = [s for s in self.specs if s.name == "nats"]
         self.sup = Supervisor(first, self.opts.run_dir, console=self.console, echo=self.opts.echo_logs)
         await self.sup.start()
@@ -285,14 +334,21 @@ class Launcher:
     async def create_run(self) -> dict:
         """Create the run from the user's config (without the launcher's ports, so it is the same run
         when `up` is started again)."""
-        body = dump_config(self.cfg).encode()
+        import yaml
+
+        from shared.credentials import redacted_dump
+
+        body = yaml.safe_dump(redacted_dump(self.cfg, placeholder=""), sort_keys=False).encode()  # no secrets
         return await self._check(await self.http.post("/v1/runs", content=body,
                                                       headers={"Content-Type": "application/yaml"}))
 
     async def enqueue(self, path: str | Path, epochs: int = 1, shuffle_seed: int | None = None,
                       limit: int | None = None) -> dict:
-        """Register a JSONL/Parquet file by server-side path and enqueue it into the run."""
-        d = await self._check(await self.http.post("/v1/datasets/path", json={"path": str(Path(path).resolve())}))
+        """Upload a JSONL/Parquet file (server-side paths are off unless controller.path_roots names its dir)
+        and enqueue it into the run."""
+        p = Path(path).resolve()
+        with open(p, "rb") as f:
+            d = await self._check(await self.http.post("/v1/datasets", files={"file": (p.name, f)}, timeout=600.0))
         return await self._check(await self.http.post(f"/v1/runs/{self.run}/enqueues", json={
             "dataset": str(d["id"]), "epochs": epochs, "shuffle_seed": shuffle_seed, "limit": limit}))
 
@@ -386,7 +442,10 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
         if dataset:
             e = await launcher.enqueue(dataset, epochs=epochs, shuffle_seed=shuffle_seed)
             console.print(f"enqueued {e['total']} prompts of {dataset} into {launcher.run}")
-        console.print(f"controller {launcher.resolved.controller.url} (dashboard at /), Ctrl-C to stop")
+        c = launcher.resolved.controller
+        how = (f"token in {c.token_file}; dashboard: {c.url}/#token=<that token>" if c.token_file
+               else "NO token (controller.insecure_no_auth)")
+        console.print(f"controller {c.url} ({how}); Ctrl-C to stop")
         live = Live(console=console, refresh_per_second=2, transient=False) if panel else contextlib.nullcontext()
         with live:
             while not stop.is_set():

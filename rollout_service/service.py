@@ -121,13 +121,35 @@ class RolloutWorker:
         self._tasks.append(asyncio.create_task(self._telemetry()))
         self._tasks.append(asyncio.create_task(self._flush_published_loop()))
         await self.events.emit("health", self._health())
+        consume = asyncio.ensure_future(self.loop.run())
+        deadline = asyncio.create_task(self._stop_deadline(consume))
         try:
-            await self.loop.run()
+            try:
+                await consume
+            except asyncio.CancelledError:
+                if not deadline.done() or deadline.cancelled() or not deadline.result():
+                    raise  # run() itself was cancelled
         finally:
+            deadline.cancel()
             await self._flush_published()
             await self.close()
         if self.fatal is not None:
             raise self.fatal
+
+    async def _stop_deadline(self, consume: asyncio.Future) -> bool:
+        """After stop(), give tasks in flight rollout.service.stop_timeout_s to finish, then cancel them
+        (unacked: redelivered elsewhere). True when it had to cancel."""
+        await self._stopped.wait()
+        try:
+            await asyncio.wait_for(asyncio.shield(consume), self.cfg.rollout.service.stop_timeout_s)
+            return False
+        except asyncio.TimeoutError:
+            log.warning("tasks still running %.0f s after the stop: cancelling them (JetStream redelivers them)",
+                        self.cfg.rollout.service.stop_timeout_s)
+            consume.cancel()
+            return True
+        except Exception:
+            return False
 
     def stop(self) -> None:
         """Stop fetching prompts; tasks in flight finish, publish and are acked."""
@@ -170,11 +192,32 @@ class RolloutWorker:
     def in_flight(self) -> int:
         return self.loop.in_flight if self.loop is not None else 0
 
+    def check_bounds(self, task: PromptTask) -> None:
+        """bus.Reject (dead-lettered at once, unprocessed) for a task over the worker's bounds: what a task
+        may ask for is the config's to decide, not the sender's."""
+        svc = self.cfg.rollout.service
+        if task.run != self.cfg.run:
+            raise bus.Reject(f"prompt task of run {task.run!r} on run {self.cfg.run!r}'s subject")
+        if not 1 <= task.group_size <= svc.max_group_size:
+            raise bus.Reject(f"group_size {task.group_size} is outside 1..{svc.max_group_size} "
+                             "(rollout.service.max_group_size)")
+        mnt = task.sampling.get("max_new_tokens") if isinstance(task.sampling, dict) else None
+        if mnt is not None and (isinstance(mnt, bool) or not isinstance(mnt, int) or not 1 <= mnt <= svc.max_new_tokens):
+            raise bus.Reject(f"sampling.max_new_tokens {mnt!r} is outside 1..{svc.max_new_tokens} "
+                             "(rollout.service.max_new_tokens)")
+        p = task.payload if isinstance(task.payload, dict) else {}
+        prompt, messages = p.get("prompt"), p.get("messages")
+        size = len(prompt) if isinstance(prompt, str) else 0
+        if isinstance(messages, list):
+            size += sum(len(str(m.get("content", ""))) if isinstance(m, dict) else len(str(m)) for m in messages)
+        if size > svc.max_prompt_chars:
+            raise bus.Reject(f"prompt of {size} characters is over rollout.service.max_prompt_chars "
+                             f"{svc.max_prompt_chars}")
+
     async def _handle(self, task: PromptTask, msg) -> None:
         t0 = time.monotonic()
+        self.check_bounds(task)
         try:
-            if task.run != self.cfg.run:
-                raise ValueError(f"prompt task of run {task.run!r} on run {self.cfg.run!r}'s subject")
             if self.follower is not None:
                 await self.follower.wait_for_version(task.released_at_version)
             samples = await self.workflow.run(self.ctx, task)

@@ -6,8 +6,12 @@ The consumer loop is where delivery guarantees live (docs/protocol.md, "Ack rule
 - while a handler runs, in-progress acks (one heartbeat task for all handlers, every ack_wait/3) keep
   JetStream from redelivering it;
 - success -> ack; `Transient` (or any other exception) -> nak with back-off, until the message has been
-  delivered `max_deliver` times; then, and for a message that cannot be decoded, a DeadLetter with the
-  original bytes and the reason goes to the DLQ stream and the message is terminated.
+  delivered `max_deliver` times; then, and for a message that cannot be decoded or that the handler
+  `Reject`s (over a bound), a DeadLetter with the original bytes and the reason goes to the DLQ stream
+  and the message is terminated. A letter that would exceed max_payload (headers counted) keeps reason,
+  headers, size and sha256 without the payload: the server would close the connection otherwise;
+- a connection closed for good (nats-py does not reconnect after a protocol error) ends `run()` with
+  ConnectionClosed, so the service exits and is restarted instead of retrying a dead connection;
 - a message redelivered more than `max_deliver` times (its last handler crashed) is dead-lettered too;
   the consumer itself has no server-side max_deliver, because a WorkQueue message that exhausts it is
   never delivered again and silently stays in the stream (../shared/notes/measured.md).
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import ssl
 import uuid
@@ -83,9 +88,10 @@ async def connect(cfg: NatsConfig, name: str = "jetrl", servers: list[str] | Non
         pending_size=64 * 1024 * 1024,
     )
     if cfg.user:
-        opts.update(user=cfg.user, password=cfg.password)
-    if cfg.token:
-        opts["token"] = cfg.token
+        opts.update(user=cfg.user, password=cfg.secret("password"))
+    token = cfg.secret("token")
+    if token:
+        opts["token"] = token
     if cfg.creds_file:
         opts["user_credentials"] = cfg.creds_file
     if cfg.nkey_seed_file:
@@ -197,20 +203,31 @@ async def ensure_weights_kv(js: JetStreamContext, cfg: StreamsConfig):
 # --- publish --------------------------------------------------------------------------------------
 
 
-def encode_checked(nc: NATS, msg: Any, subject: str = "") -> bytes:
-    """Encode `msg`, failing with MessageTooLarge (both sizes named) if the server would refuse it."""
+def header_bytes(headers: dict[str, str] | None) -> int:
+    """Size of NATS message headers on the wire (`NATS/1.0` line, `Key: value` lines, blank line): the
+    server counts them with the payload against max_payload."""
+    if not headers:
+        return 0
+    return len(b"NATS/1.0\r\n") + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items()) + 2
+
+
+def encode_checked(nc: NATS, msg: Any, subject: str = "", headers: dict[str, str] | None = None) -> bytes:
+    """Encode `msg`, failing with MessageTooLarge (both sizes named) if the server would refuse it,
+    headers included. (A message over max_payload makes the server close the connection, and nats-py
+    does not reconnect after that: every consumer on it would be locked out.)"""
     data = codec.encode(msg)
     limit = nc.max_payload
-    if limit and len(data) > limit:
-        raise codec.MessageTooLarge(msg.SCHEMA, len(data), limit, subject)
+    size = len(data) + header_bytes(headers)
+    if limit and size > limit:
+        raise codec.MessageTooLarge(msg.SCHEMA, size, limit, subject)
     return data
 
 
 async def publish(js: JetStreamContext, nc: NATS, subject: str, msg: Any, msg_id: str | None = None,
                   timeout: float = 10.0) -> api.PubAck:
     """Publish one message to JetStream and wait for the stream's ack (dedup by `msg_id`)."""
-    data = encode_checked(nc, msg, subject)
     headers = {subjects.MSG_ID_HEADER: msg_id} if msg_id else None
+    data = encode_checked(nc, msg, subject, headers)
     return await js.publish(subject, data, timeout=timeout, headers=headers)
 
 
@@ -223,8 +240,8 @@ async def publish_async(js: JetStreamContext, nc: NATS, subject: str, msg: Any,
     `asyncio.wait_for(fut, timeout)`, or await `js.publish_async_completed()`. Large messages fail
     here, before sending, with MessageTooLarge.
     """
-    data = encode_checked(nc, msg, subject)
     headers = {subjects.MSG_ID_HEADER: msg_id} if msg_id else None
+    data = encode_checked(nc, msg, subject, headers)
     return await js.publish_async(subject, data, headers=headers)
 
 
@@ -278,6 +295,16 @@ class EventPublisher:
 
 class Transient(Exception):
     """A handler failure worth retrying later (nak with back-off), e.g. a dependency is down."""
+
+
+class Reject(Exception):
+    """The message itself is unacceptable (over a configured bound, wrong run): dead-letter it at once
+    with this reason, no retries."""
+
+
+class ConnectionClosed(RuntimeError):
+    """The NATS connection is closed for good (nats-py does not reconnect after some server errors):
+    the consumer cannot go on; the service should exit and be restarted."""
 
 
 @dataclass
@@ -387,6 +414,8 @@ class ConsumerLoop:
         clock = asyncio.get_running_loop().time
         short_since: float | None = None
         while not self._stop.is_set():
+            if self.nc.is_closed:
+                raise ConnectionClosed(f"consumer {self.durable}: the NATS connection is closed; restart the service")
             try:
                 if self._sub is None:
                     await self._subscribe()
@@ -467,6 +496,10 @@ class ConsumerLoop:
             await self.handler(obj, m)
         except asyncio.CancelledError:
             raise
+        except Reject as exc:
+            self.stats.failed += 1
+            await self.dead_letter(m, f"rejected: {exc}")
+            return
         except Exception as exc:
             self.stats.failed += 1
             if delivered >= self.max_deliver:
@@ -505,22 +538,27 @@ class ConsumerLoop:
                         self.stats.in_progress_acks += 1
 
     async def dead_letter(self, m: Msg, reason: str) -> None:
-        """Publish a DeadLetter for `m` (original bytes, subject, reason) and terminate `m`."""
+        """Publish a DeadLetter for `m` (original bytes, subject, reason, headers, size and sha256) and
+        terminate `m`. A dead letter that would not fit under the server's max_payload keeps everything but
+        the original bytes (their size and sha256 stay): a poison message must never lock a consumer out."""
         md = m.metadata
         seq = md.sequence.stream if md else 0
         dl = DeadLetter(
-            run=self.run_id, source=self.source, subject=m.subject, reason=reason, original=bytes(m.data),
+            run=self.run_id, source=self.source, subject=m.subject, reason=reason[:4096], original=bytes(m.data),
             delivery_count=md.num_delivered if md else 1, stream=self.stream, stream_seq=seq,
-            headers={k: str(v) for k, v in (m.headers or {}).items()},
+            headers={str(k)[:256]: str(v)[:1024] for k, v in list((m.headers or {}).items())[:64]},
+            original_size=len(m.data), original_sha256=hashlib.sha256(m.data).hexdigest(),
         )
+        subject = subjects.dlq(self.run_id, self.source)
+        msg_id = f"dlq:{self.stream}:{seq}" if seq else None
         try:
-            await publish(self.js, self.nc, subjects.dlq(self.run_id, self.source), dl,
-                          msg_id=f"dlq:{self.stream}:{seq}" if seq else None)
-        except codec.MessageTooLarge:
-            dl.original = bytes(m.data[: 64 * 1024])
-            dl.reason += f" (original truncated from {len(m.data)} bytes to 64 KiB for the DLQ)"
-            await publish(self.js, self.nc, subjects.dlq(self.run_id, self.source), dl,
-                          msg_id=f"dlq:{self.stream}:{seq}" if seq else None)
+            try:
+                await publish(self.js, self.nc, subject, dl, msg_id=msg_id)
+            except codec.MessageTooLarge:
+                dl.original = b""
+                dl.reason += (f" (original payload of {len(m.data)} bytes not kept: the dead letter would exceed "
+                              f"the server's max_payload; sha256 {dl.original_sha256})")
+                await publish(self.js, self.nc, subject, dl, msg_id=msg_id)
         except Exception as exc:
             # Not dead-lettered: leave the message for redelivery rather than lose it.
             log.error("consumer %s: could not publish dead letter (%s); leaving message for redelivery",
@@ -529,6 +567,6 @@ class ConsumerLoop:
                 await m.nak(delay=self.nak_backoff_s[-1])
             return
         self.stats.dead_lettered += 1
-        log.warning("consumer %s: dead-lettered %s seq %d: %s", self.durable, m.subject, seq, reason)
+        log.warning("consumer %s: dead-lettered %s seq %d: %s", self.durable, m.subject, seq, reason[:500])
         with contextlib.suppress(Exception):
             await m.term()

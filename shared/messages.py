@@ -224,12 +224,16 @@ class DeadLetter:
     source: str = wire("str")  # consumer (or service) that gave up on the message
     subject: str = wire("str")  # subject the original was published on
     reason: str = wire("str")
-    original: bytes = wire("bytes")  # the original payload, byte for byte
+    original: bytes = wire("bytes")  # the original payload, byte for byte (b"" when it would not fit, see below)
     delivery_count: int = wire("int", default=1)
     stream: str = wire("str", default="")
     stream_seq: int = wire("int", default=0)
     headers: dict = wire("map", default_factory=dict)
     time: float = wire("float", default_factory=time.time)
+    # Size and sha256 of the original payload; when the dead letter with the payload would exceed the
+    # server's max_payload, `original` is empty and these two (with reason and headers) are what is kept.
+    original_size: int = wire("int", default=-1)
+    original_sha256: str = wire("str", default="")
     extra: dict = field(default_factory=dict)
 
 

@@ -21,6 +21,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from shared.credentials import write_private
+
 log = logging.getLogger("jetrl.natsd")
 
 
@@ -127,7 +129,7 @@ class EmbeddedNats:
             return self
         self.store_dir.mkdir(parents=True, exist_ok=True)
         conf = self.store_dir / "nats-server.conf"
-        conf.write_text(self.config_text())
+        write_private(conf, self.config_text())  # it may hold the password or token
         logf = open(self.log_file, "ab")
         self.proc = subprocess.Popen(
             [nats_server_binary(), "-c", str(conf)],
@@ -189,8 +191,35 @@ class EmbeddedNats:
             self._tmp.cleanup()
             self._tmp = None
 
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.user or self.token)
+
     def __enter__(self) -> EmbeddedNats:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def embedded_from_config(ncfg, store_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1",
+                         port: int | None = None, die_with_parent: bool = False) -> EmbeddedNats:
+    """An EmbeddedNats requiring the credentials of `ncfg` (a NatsConfig): user + password, or token.
+    Without either it refuses (AuthConfigError naming the fields) unless nats.insecure_no_auth is true."""
+    from shared.auth import AuthConfigError
+
+    password, token = ncfg.secret("password"), ncfg.secret("token")
+    if ncfg.user and not password:
+        raise AuthConfigError("nats.password: nats.user is set without a password (nats.password_file or "
+                              "nats.password)")
+    if not (ncfg.user or token):
+        if not ncfg.insecure_no_auth:
+            raise AuthConfigError(
+                "nats.user: the embedded nats-server needs credentials: set nats.user with nats.password_file (or "
+                "nats.token_file); `jetrl up` generates them per run. To accept anonymous clients set "
+                "nats.insecure_no_auth: true (logged as a warning)")
+        log.warning("embedded nats-server accepts ANONYMOUS clients (nats.insecure_no_auth: true)")
+    return EmbeddedNats(store_dir or ncfg.store_dir or None, port=ncfg.port if port is None else port, host=host,
+                        max_payload=ncfg.max_payload, sync_interval=ncfg.sync_interval, user=ncfg.user,
+                        password=password if ncfg.user else "", token="" if ncfg.user else token,
+                        die_with_parent=die_with_parent)

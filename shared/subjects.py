@@ -21,19 +21,20 @@ WEIGHTS_KV_BUCKET = "jetrl_weights"
 # Header carrying the idempotency key of a JetStream publish.
 MSG_ID_HEADER = "Nats-Msg-Id"
 
-_RUN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Always fullmatch: with re.match, `$` also matches before a trailing newline ("evil\n" would pass).
+_RUN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def check_run_id(run: str) -> str:
     """Return `run` if it is a valid run id, else raise ValueError saying what is allowed."""
-    if not isinstance(run, str) or not _RUN_RE.match(run):
+    if not isinstance(run, str) or not _RUN_RE.fullmatch(run):
         raise ValueError(f"run id {run!r} is invalid: use 1-64 characters of A-Z a-z 0-9 _ -")
     return run
 
 
 def check_token(name: str, what: str) -> str:
-    if not isinstance(name, str) or not _TOKEN_RE.match(name):
+    if not isinstance(name, str) or not _TOKEN_RE.fullmatch(name):
         raise ValueError(f"{what} {name!r} is invalid: use 1-64 characters of A-Z a-z 0-9 _ -")
     return name
 

@@ -15,12 +15,18 @@ weights_app = typer.Typer(help="The weight store: versioned model weights over H
 @weights_app.command("serve")
 def serve_cmd(config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
     """Serve `weights.root` over HTTP on weights.host:weights.port until Ctrl-C / SIGTERM."""
+    from shared.auth import AuthConfigError
+    from shared.credentials import SecretFileError
     from shared.telemetry import setup_logging
     from weight_store.server import serve
 
     cfg = load_or_exit(config, overrides)
     setup_logging(cfg.telemetry, "weights")
-    run_async(serve(cfg.weights, cfg.telemetry.log_level))
+    try:
+        run_async(serve(cfg.weights, cfg.telemetry.log_level))
+    except (AuthConfigError, SecretFileError) as exc:
+        typer.secho(f"config error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 @weights_app.command("ls")

@@ -61,7 +61,7 @@ class WeightStoreClient:
     # --- small requests ---------------------------------------------------------------------------
 
     def _headers(self, write: bool) -> dict[str, str]:
-        tok = self.cfg.token if write else (self.cfg.read_token or self.cfg.token)
+        tok = self.cfg.secret("token") if write else (self.cfg.secret("read_token") or self.cfg.secret("token"))
         return {"Authorization": f"Bearer {tok}"} if tok else {}
 
     async def _json(self, method: str, path: str, body: dict | None = None, write: bool = False) -> dict:

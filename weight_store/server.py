@@ -8,15 +8,15 @@ Routes (docs/weight_store.md has the full table):
     GET    /v1/runs/{run}/versions/{v}/files/{name}   streamed download, Range, ETag = "sha256"
     PUT|DELETE /v1/runs/{run}/versions/{v}/pin         retention never removes a pinned version
     GET    /healthz, /metrics
-Writes need `Authorization: Bearer <token>` when `token` is set (reads when `read_token` is set):
-401 without a token, 403 with a wrong one. Every refusal is JSON {"error": code, "message": text}.
+Every route but /healthz needs `Authorization: Bearer <token>` (reads also accept `read_token`); the
+service refuses to start without a token unless `weights.insecure_no_auth` is true. 401 without a
+token, 403 with a wrong one; checked before a body is read. Every refusal is JSON {"error": code, "message": text}.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from shared.auth import AuthConfigError, RefuseControlChars, check_auth_setting, token_matches
 from shared.config import WeightStoreConfig
 from weight_store.ranges import RangeError, parse_range
 from weight_store.storage import Storage, StoreError, check_file_name, check_run, check_version
@@ -74,6 +75,7 @@ class _State:
         self.readers: Tally[tuple[str, int]] = Tally()
         self.retiring: set[tuple[str, int]] = set()
         self.locks: dict[str, asyncio.Lock] = {}
+        self.uploading: Tally[tuple[str, int]] = Tally()  # uploads in progress per version
         self.chunk = cfg.chunk_mb << 20
 
     def lock(self, run: str) -> asyncio.Lock:
@@ -107,14 +109,15 @@ class _State:
             asyncio.get_running_loop().create_task(self.retain(run))
 
 
-def _check_token(request: Request, want: str) -> None:
-    if not want:
+def _check_token(request: Request, wanted: list[str]) -> None:
+    """Pass when no token is wanted or the request carries one of `wanted` (constant-time compare)."""
+    wanted = [w for w in wanted if w]
+    if not wanted:
         return
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    results = [token_matches(request.headers.get("authorization", ""), w) for w in wanted]
+    if results[0] is None:
         raise StoreError(401, "unauthorized", "this request needs 'Authorization: Bearer <token>'")
-    if not hmac.compare_digest(token.strip().encode(), want.encode()):
+    if not any(results):
         raise StoreError(403, "forbidden", "the bearer token is not valid for this request")
 
 
@@ -242,8 +245,18 @@ class FileRangeResponse(Response):
         return pos - self.start
 
 
+def _refusal(status: int, message: str) -> tuple[bytes, str]:
+    code = {400: "bad_name", 401: "unauthorized", 403: "forbidden"}.get(status, "refused")
+    return json.dumps({"error": code, "message": message}).encode(), "application/json"
+
+
 def create_app(cfg: WeightStoreConfig) -> FastAPI:
-    """The service over `cfg.root`; start-up removes staging and trash leftovers of a crash."""
+    """The service over `cfg.root`; start-up removes staging and trash leftovers of a crash. Refuses
+    (AuthConfigError) to serve without weights.token unless weights.insecure_no_auth is true."""
+    write_token, read_token = cfg.secret("token"), cfg.secret("read_token")
+    if read_token and not write_token:
+        raise AuthConfigError("weights.read_token: set weights.token too (a read token alone would leave writes open)")
+    check_auth_setting(write_token, cfg.insecure_no_auth, "weights", "the weight store")
     st = _State(cfg)
     cleaned = st.storage.clean_leftovers()
     if cleaned:
@@ -251,6 +264,7 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
     for run in st.storage.runs():
         st.metrics.versions.labels(run).set(len(st.storage.versions(run)))
     app = FastAPI(title="jetrl weight store", docs_url=None, redoc_url=None)
+    app.add_middleware(RefuseControlChars, refusal=_refusal)
     app.state.store = st
 
     @app.get("/metrics")
@@ -277,11 +291,11 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
     async def _http(request: Request, exc: StarletteHTTPException):
         return refuse(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail))
 
-    def read_auth(request: Request) -> None:
-        _check_token(request, cfg.read_token)
+    def read_auth(request: Request) -> None:  # reads: the read token or the write token
+        _check_token(request, [write_token, read_token])
 
     def write_auth(request: Request) -> None:
-        _check_token(request, cfg.token)
+        _check_token(request, [write_token])
 
     @app.get("/healthz")
     async def healthz():
@@ -362,10 +376,13 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
             raise StoreError(413, "too_large", f"Content-Length {declared_len} exceeds the limit of {limit} bytes "
                                                "(weights.max_file_mb)")
         want = request.headers.get("x-content-sha256", "").strip().lower()
-        staged = await asyncio.to_thread(st.storage.staged_files, run, v)
-        if name not in staged and len(staged) >= cfg.max_files:
-            raise StoreError(413, "too_many_files", f"a version holds at most {cfg.max_files} files (weights.max_files)")
-        part = await asyncio.to_thread(st.storage.new_part, run, v, name)
+        async with st.lock(run):  # a commit of this version holds it: no upload starts during one
+            staged = await asyncio.to_thread(st.storage.staged_files, run, v)
+            if name not in staged and len(staged) >= cfg.max_files:
+                raise StoreError(413, "too_many_files",
+                                 f"a version holds at most {cfg.max_files} files (weights.max_files)")
+            part = await asyncio.to_thread(st.storage.new_part, run, v, name)
+            st.uploading[(run, v)] += 1
         try:
             size, digest = await _receive_to_file(request, part, limit, st.chunk, st.metrics)
             if declared_len is not None and size != int(declared_len):
@@ -380,6 +397,10 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
         except BaseException:
             part.unlink(missing_ok=True)
             raise
+        finally:
+            st.uploading[(run, v)] -= 1
+            if st.uploading[(run, v)] <= 0:
+                del st.uploading[(run, v)]
         return rec.as_dict()
 
     @app.post("/v1/runs/{run}/versions/{version}/commit", status_code=201)
@@ -394,10 +415,16 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
         if not isinstance(metadata, dict):
             raise StoreError(400, "bad_commit", "body.metadata must be an object")
         step, dtype = body.get("step", 0), body.get("dtype", "")
-        if not isinstance(step, int) or not isinstance(dtype, str):
-            raise StoreError(400, "bad_commit", "body.step must be an integer and body.dtype a string")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+            raise StoreError(400, "bad_commit", f"body.step must be a non-negative integer, got {step!r}"[:200])
+        if not isinstance(dtype, str) or len(dtype) > 64:
+            raise StoreError(400, "bad_commit", "body.dtype must be a string of at most 64 characters")
         t0 = time.perf_counter()
         async with st.lock(run):
+            if st.uploading[(run, v)]:
+                raise StoreError(409, "upload_in_progress",
+                                 f"{st.uploading[(run, v)]} upload(s) to version {v} of run {run!r} are still running: "
+                                 "commit once they have finished")
             if cfg.max_versions_per_run and len(st.storage.versions(run)) >= cfg.max_versions_per_run:
                 raise StoreError(409, "too_many_versions", f"run {run!r} holds {cfg.max_versions_per_run} versions "
                                                            "(weights.max_versions_per_run)")
@@ -412,7 +439,11 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
     @app.delete("/v1/runs/{run}/versions/{version}/staging")
     async def abort(run: str, version: str, request: Request):
         write_auth(request)
-        return {"aborted": await asyncio.to_thread(st.storage.abort, check_run(run), check_version(version))}
+        run, v = check_run(run), check_version(version)
+        async with st.lock(run):
+            if st.uploading[(run, v)]:
+                raise StoreError(409, "upload_in_progress", f"uploads to version {v} of run {run!r} are still running")
+            return {"aborted": await asyncio.to_thread(st.storage.abort, run, v)}
 
     @app.put("/v1/runs/{run}/versions/{version}/pin")
     async def pin(run: str, version: str, request: Request):

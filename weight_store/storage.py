@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ from pathlib import Path
 from shared.subjects import check_run_id
 from weight_store.manifest import MANIFEST, MANIFEST_FORMAT, manifest_bytes
 
-_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_VERSION_RE = re.compile(r"^[0-9]{1,12}$")
+# Always fullmatch: with re.match, `$` also matches before a trailing newline ("1\n" would pass).
+_FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_VERSION_RE = re.compile(r"[0-9]{1,12}")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class StoreError(Exception):
@@ -51,7 +54,7 @@ def check_run(run: str) -> str:
 
 def check_version(version: str | int) -> int:
     text = str(version)
-    if isinstance(version, bool) or not _VERSION_RE.match(text):
+    if isinstance(version, bool) or not _VERSION_RE.fullmatch(text):
         raise bad_name("version", version, "use a non-negative integer of at most 12 digits")
     return int(text)
 
@@ -64,7 +67,7 @@ def check_file_name(name: str) -> str:
     if not isinstance(name, str) or len(name) > 512:
         raise bad_name("file name", name, rule)
     segments = name.split("/")
-    if len(segments) > 8 or not all(_FILE_RE.match(seg) and ".." not in seg for seg in segments):
+    if len(segments) > 8 or not all(_FILE_RE.fullmatch(seg) and ".." not in seg for seg in segments):
         raise bad_name("file name", name, rule)
     if name == MANIFEST:
         raise bad_name("file name", name, "manifest.json is written by the store at commit")
@@ -97,6 +100,7 @@ class Storage:
     """Versions of runs under one root directory. Methods are blocking; the server calls them in threads."""
 
     def __init__(self, root: str | os.PathLike, fsync: bool = False):
+        self._records_lock = threading.Lock()
         self.root = Path(root).resolve()
         self.fsync = fsync
         self.staging = self.root / ".staging"
@@ -138,7 +142,7 @@ class Storage:
         d = self.root / check_run(run)
         if not d.is_dir():
             return []
-        return sorted(int(p.name) for p in d.iterdir() if _VERSION_RE.match(p.name))
+        return sorted(int(p.name) for p in d.iterdir() if _VERSION_RE.fullmatch(p.name))
 
     def latest(self, run: str) -> int | None:
         vs = self.versions(run)
@@ -180,7 +184,9 @@ class Storage:
         return self.staging_dir(run, version) / f".{uuid.uuid4().hex}.part"
 
     def finish_part(self, run: str, version: int, name: str, part: Path, size: int, sha256: str) -> FileRecord:
-        """Move a fully received, digest-checked upload to its name in staging and record its digest."""
+        """Record a fully received, digest-checked upload of `name`. The upload stays in its own part file
+        and the record names that part: two uploads of the same name can never pair one's bytes with the
+        other's digest (the last record written wins, whole). Commit moves the recorded part to `name`."""
         d = self.staging_dir(run, version)
         if self.fsync:
             fd = os.open(part, os.O_RDONLY)
@@ -188,21 +194,36 @@ class Storage:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        (d / name).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(part, d / name)
         rec = FileRecord(name, size, sha256)
+        record = d / ".files" / _record_name(name)
         tmp = d / ".files" / f".{uuid.uuid4().hex}.tmp"
-        tmp.write_text(json.dumps(rec.as_dict()))
-        os.replace(tmp, d / ".files" / _record_name(name))
+        tmp.write_text(json.dumps(dict(rec.as_dict(), part=part.name)))
+        with self._records_lock:
+            old = self._read_record(record)
+            os.replace(tmp, record)
+        if old is not None and old.get("part") and old["part"] != part.name:
+            (d / old["part"]).unlink(missing_ok=True)  # the replaced upload's bytes
         return rec
 
+    @staticmethod
+    def _read_record(path: Path) -> dict | None:
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
     def staged_files(self, run: str, version: int) -> dict[str, FileRecord]:
+        return {name: FileRecord(r["name"], r["size"], r["sha256"])
+                for name, r in self._staged_records(run, version).items()}
+
+    def _staged_records(self, run: str, version: int) -> dict[str, dict]:
         d = self.staging / check_run(run) / str(check_version(version)) / ".files"
         out = {}
         if d.is_dir():
             for p in d.glob("*.json"):
-                rec = json.loads(p.read_text())
-                out[rec["name"]] = FileRecord(rec["name"], rec["size"], rec["sha256"])
+                rec = self._read_record(p)
+                if rec is not None:
+                    out[rec["name"]] = rec
         return out
 
     def abort(self, run: str, version: int) -> bool:
@@ -216,43 +237,65 @@ class Storage:
         """Check the declared files against what was uploaded, write the manifest, rename into place.
 
         Returns (manifest, manifest bytes). Raises StoreError 409 if the version exists, 400 if a
-        declared file is missing or differs from the upload.
+        declared file is missing, malformed, in conflict with another name, or differs from the upload.
+        The caller must keep uploads of this version from running meanwhile (the server does).
         """
         run, version = check_run(run), check_version(version)
         final = self.version_dir(run, version)
         if final.exists():
             raise StoreError(409, "exists", f"version {version} of run {run!r} is already committed")
-        staged = self.staged_files(run, version)
         if not declared:
             raise StoreError(400, "bad_commit", "a commit must list at least one file")
-        names = set()
+        records = self._staged_records(run, version)
+        names: set[str] = set()
         for f in declared:
-            name = check_file_name(str(f.get("name", "")))
+            name = check_file_name(f.get("name", "") if isinstance(f.get("name"), str) else "")
             if name in names:
                 raise StoreError(400, "bad_commit", f"file {name!r} is listed twice")
             names.add(name)
-            got = staged.get(name)
+            size, sha = f.get("size"), f.get("sha256")
+            if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**63:
+                raise StoreError(400, "bad_commit", f"file {name!r}: size must be a non-negative integer, got {size!r}"[:300])
+            if not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha.lower()):
+                raise StoreError(400, "bad_commit", f"file {name!r}: sha256 must be 64 hex digits, got {sha!r}"[:300])
+            got = records.get(name)
+            if got is not None and not (self.staging / run / str(version) / got.get("part", "")).is_file():
+                got = None  # its bytes are gone (an abort, a staging clean-up)
             if got is None:
                 raise StoreError(400, "missing_file", f"file {name!r} was not uploaded for version {version}")
-            if int(f.get("size", -1)) != got.size or str(f.get("sha256", "")).lower() != got.sha256:
+            if size != got["size"] or sha.lower() != got["sha256"]:
                 raise StoreError(400, "digest_mismatch",
-                                 f"file {name!r}: declared size {f.get('size')} sha256 {f.get('sha256')}, "
-                                 f"uploaded size {got.size} sha256 {got.sha256}")
+                                 f"file {name!r}: declared size {size} sha256 {sha}, "
+                                 f"uploaded size {got['size']} sha256 {got['sha256']}")
+        for name in names:  # `cfg` and `cfg/x` cannot both exist
+            parts = name.split("/")
+            for i in range(1, len(parts)):
+                if "/".join(parts[:i]) in names:
+                    raise StoreError(400, "name_conflict", f"files {'/'.join(parts[:i])!r} and {name!r} conflict: "
+                                                           "one would be the directory of the other")
         manifest = {
             "format": MANIFEST_FORMAT,
             "run": run,
             "version": version,
-            "step": int(step),
+            "step": step,
             "dtype": dtype,
             "created_at": time.time(),
-            "files": [staged[n].as_dict() for n in sorted(names)],
+            "files": [FileRecord(n, records[n]["size"], records[n]["sha256"]).as_dict() for n in sorted(names)],
             "metadata": metadata or {},
         }
         raw = manifest_bytes(manifest)
         stage = self.staging_dir(run, version)
+        for n in sorted(names):
+            dest = stage / n
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage / records[n]["part"], dest)
         shutil.rmtree(stage / ".files", ignore_errors=True)
-        for extra in list(stage.rglob("*")):  # files uploaded but not declared, unfinished parts
-            if extra.is_file() and extra.relative_to(stage).as_posix() not in names:
+        for extra in sorted(stage.rglob("*"), reverse=True):  # undeclared uploads, unfinished parts, empty dirs
+            rel = extra.relative_to(stage).as_posix()
+            if extra.is_dir() and not extra.is_symlink():
+                if not any(n.startswith(rel + "/") for n in names):
+                    shutil.rmtree(extra, ignore_errors=True)
+            elif rel not in names:
                 extra.unlink(missing_ok=True)
         (stage / MANIFEST).write_bytes(raw)
         if self.fsync:
@@ -276,7 +319,7 @@ class Storage:
 
     def pinned(self, run: str) -> set[int]:
         d = self.pins / check_run(run)
-        return {int(p.name) for p in d.iterdir() if _VERSION_RE.match(p.name)} if d.is_dir() else set()
+        return {int(p.name) for p in d.iterdir() if _VERSION_RE.fullmatch(p.name)} if d.is_dir() else set()
 
     def pin(self, run: str, version: int) -> None:
         self.manifest_raw(run, version)  # 404 if absent

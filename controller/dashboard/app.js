@@ -5,8 +5,22 @@ const POLL_MS = 2000;
 const COLORS = ["#1a73e8", "#e8711a", "#1f8a4c", "#b3261e", "#7b1fa2", "#00838f"];
 const state = { run: new URLSearchParams(location.search).get("run"), charts: {}, queueHistory: [] };
 
+// The controller's token comes in the URL fragment (/#token=...), which browsers never send to a server
+// nor write to its logs; it is kept for this tab only (sessionStorage) and sent as a bearer token.
+function controllerToken() {
+  const m = /(?:^|[#&])token=([^&]+)/.exec(location.hash);
+  if (m) {
+    sessionStorage.setItem("jetrl-token", decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem("jetrl-token") || "";
+}
+const TOKEN = controllerToken();
+
 async function getJSON(path) {
-  const r = await fetch(path, { cache: "no-store" });
+  const headers = TOKEN ? { Authorization: "Bearer " + TOKEN } : {};
+  const r = await fetch(path, { cache: "no-store", headers });
+  if (r.status === 401) throw new Error("the controller needs its token: open this page as /#token=<controller.token>");
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 }

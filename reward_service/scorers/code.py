@@ -6,32 +6,29 @@ stdin/stdout case `{"input": "2 3\\n", "output": "5"}` (a fresh run of the progr
 compared after stripping). The program is the last ```python fenced block of the completion, or the
 whole completion when it has none. reward = fraction of tests passed.
 
-The sandbox (docs/reward.md): a fresh temp dir as cwd, `python -I -S -B` (no site-packages, no
-PYTHON* env), an environment of PATH/LANG/HOME only (no inherited secrets), rlimits on CPU time,
-address space, file size (caps stdout/stderr files), open files, processes (RLIMIT_NPROC; the kernel
-does not apply it to root), its own session killed as a group on timeout, and an audit hook in the
-harness refusing process creation, sockets, ctypes and file access outside the temp dir. A run cut
-short by a limit or a refused operation is scored with an `error` (and the tests passed before it).
+The boundary (docs/reward.md, "Code sandbox"): every completion runs in a fresh bubblewrap sandbox
+(shared/sandbox.py): uid 65534, no network, no host files but a read-only interpreter and a private
+work dir, its own pid namespace (every process of the run dies with it), rlimits on CPU time, address
+space, file size, open files and processes, output read with a cap. `python -I -S -B` runs the harness,
+whose audit hook (refusing process creation, sockets, ctypes and file access outside the work dir) is a
+second layer only: code can switch it off, the sandbox still holds. A run cut short by a limit or a
+refused operation is scored with an `error` (and the tests passed before it).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import resource
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reward_service.scorers import Score
+from shared import sandbox
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 FENCE_RE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -84,61 +81,38 @@ def parse_tests(reference: Any) -> tuple[list, float]:
     return reference, wall
 
 
-def _limits(cpu_s: int, memory_mb: int, output_bytes: int):
-    def apply() -> None:  # runs in the child between fork and exec
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-        mem = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (output_bytes, output_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
-
-    return apply
-
-
 _SIGNALS = {signal.SIGXCPU: "CPU time limit", signal.SIGXFSZ: "output limit", signal.SIGKILL: "killed",
             signal.SIGSEGV: "segmentation fault"}
+HARNESS_INSIDE = "/jetrl/sandbox_harness.py"
 
 
 def run_sandboxed(program: str, tests: list, wall_s: float) -> Score:
+    """One isolated run of the harness over `program` and `tests` in a fresh bubblewrap sandbox
+    (shared/sandbox.py: no network, no host files, its own pid namespace, uid 65534, rlimits)."""
     tmp = tempfile.mkdtemp(prefix="jetrl-code-")
     try:
         work = Path(tmp)
         (work / "solution.py").write_text(program, encoding="utf-8")
         (work / "tests.json").write_text(json.dumps({"tests": tests, "output_cap": LIMITS.output_bytes}))
+        sandbox.prepare_workdir(work)
         nonce = secrets.token_hex(16)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "PYTHONHASHSEED": "0"}
-        t0 = time.monotonic()
-        with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", str(HARNESS)], cwd=tmp, env=env, stdin=subprocess.PIPE,
-                stdout=out, stderr=err, start_new_session=True, close_fds=True,
-                preexec_fn=_limits(LIMITS.cpu_s, LIMITS.memory_mb, LIMITS.output_bytes),
-            )
-            timed_out = False
-            try:
-                proc.stdin.write(nonce.encode() + b"\n")
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-            try:
-                proc.wait(timeout=wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                try:  # the whole session: a program's children die with it
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-        elapsed = time.monotonic() - t0
-        return _outcome(work, nonce, len(tests), proc.returncode, timed_out, wall_s, elapsed)
+        limits = sandbox.Limits(cpu_s=LIMITS.cpu_s, memory_mb=LIMITS.memory_mb, file_bytes=LIMITS.output_bytes)
+        out = sandbox.run([sandbox.python_binary(), "-I", "-S", "-B", HARNESS_INSIDE], work, limits, wall_s,
+                          stdin=nonce.encode() + b"\n", output_cap=LIMITS.output_bytes,
+                          ro_files={str(HARNESS): HARNESS_INSIDE})
+        rc = out.returncode
+        if rc > 128 and -(rc - 128) in [-s for s in _SIGNALS]:
+            rc = -(rc - 128)  # bwrap reports a signalled child as 128 + signal
+        score = _outcome(work, nonce, len(tests), rc, out.timed_out, wall_s, out.elapsed_s, out.stderr)
+        if out.truncated and not out.timed_out:
+            score.error = f"sandbox: output over {LIMITS.output_bytes} bytes (reward.code.output_bytes); the run was killed"
+        return score
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _outcome(work: Path, nonce: str, n: int, rc: int, timed_out: bool, wall_s: float, elapsed: float) -> Score:
+def _outcome(work: Path, nonce: str, n: int, rc: int, timed_out: bool, wall_s: float, elapsed: float,
+             stderr: bytes = b"") -> Score:
     passed, failures, violations = 0, [], []
     prefix = nonce + " "
     try:
@@ -170,7 +144,7 @@ def _outcome(work: Path, nonce: str, n: int, rc: int, timed_out: bool, wall_s: f
     elif rc and rc < 0:
         error = f"sandbox: {_SIGNALS.get(-rc, f'signal {-rc}')} (exit {rc})"
     elif rc:
-        tail = (work / "stderr.txt").read_bytes()[-300:].decode(errors="replace")
+        tail = stderr[-300:].decode(errors="replace")
         error = f"sandbox: harness exited with {rc}: {tail}"
     elif violations:
         error = f"sandbox: {violations[0]}"

@@ -19,7 +19,8 @@ def build_tools(cfg: ToolsConfig) -> ToolRegistry:
             reg.add(Calculator())
         elif name == "python":
             # Cut off by the registry's time limit too: cancellation kills and reaps the process group.
-            reg.add(PythonSandbox(timeout_s=cfg.timeout_s, memory_mb=cfg.python_memory_mb, cpu_s=cfg.python_cpu_s))
+            reg.add(PythonSandbox(timeout_s=cfg.timeout_s, memory_mb=cfg.python_memory_mb, cpu_s=cfg.python_cpu_s,
+                                  output_bytes=cfg.python_output_bytes))
         elif name == "search":
             if cfg.corpus:
                 reg.add(CorpusSearch(cfg.corpus, top_k=cfg.search_top_k))

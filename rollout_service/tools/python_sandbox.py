@@ -1,59 +1,49 @@
-"""python: runs model-written code in a separate, resource-limited Python process.
+"""python: runs model-written code in a bubblewrap sandbox (shared/sandbox.py).
 
-Limits: wall clock (killed with its whole process group), CPU seconds, address space, file size; an
-isolated interpreter (`-I`: no user site, no PYTHON* env), an empty temp dir as cwd, no stdin, a minimal
-environment. This bounds runaway code; it is not a security boundary against hostile code (no network
-or filesystem namespace): run untrusted workloads in a container.
+Each call is a fresh sandbox: uid 65534, no network, none of the host's files but a read-only
+interpreter and an empty private work dir, its own pid namespace (every process the code starts dies
+with the call), rlimits on CPU seconds, address space, file size, open files and processes, a wall-clock
+limit, and stdout/stderr read up to a cap (the sandbox is killed past it). docs/workflows.md says what
+the boundary is and is not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
+import shutil
 import signal
 import sys
 import tempfile
 from pathlib import Path
 
 from rollout_service.tools.base import ToolError
+from shared import sandbox
 
 
-def _limits(memory_mb: int, cpu_s: int):
-    def apply() -> None:  # runs in the child between fork and exec
-        import resource
-
-        mem = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024 * 1024, 16 * 1024 * 1024))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
-
-
-async def run_python(code: str, timeout_s: float, memory_mb: int = 256, cpu_s: int = 5) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `code`; ToolError on time-out (the process group is killed)."""
-    with tempfile.TemporaryDirectory(prefix="jetrl-py-") as tmp:
-        script = Path(tmp) / "main.py"
-        script.write_text(code)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", str(script), cwd=tmp, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "PYTHONIOENCODING": "utf-8"},
-            preexec_fn=_limits(memory_mb, cpu_s), start_new_session=True,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-        except asyncio.TimeoutError:
-            raise ToolError(f"python: killed after {timeout_s:g} s (time limit)") from None
-        finally:
-            if proc.returncode is None:  # timed out or cancelled: kill the whole group, reap it
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(proc.wait())
-        return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+async def run_python(code: str, timeout_s: float, memory_mb: int = 256, cpu_s: int = 5,
+                     output_bytes: int = 64 * 1024) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `code`, each output cut at `output_bytes` (the run is then killed and
+    the text says so); ToolError on time-out (the whole sandbox is killed)."""
+    tmp = tempfile.mkdtemp(prefix="jetrl-py-")
+    try:
+        work = Path(tmp)
+        (work / "main.py").write_text(code, encoding="utf-8")
+        sandbox.prepare_workdir(work)
+        limits = sandbox.Limits(cpu_s=cpu_s, memory_mb=memory_mb, file_bytes=16 << 20)
+        # the environment's packages (numpy, sympy, ...) are importable, read-only
+        out = await sandbox.run_async([sys.executable, "-I", "-B", str(work / "main.py")], work, limits, timeout_s,
+                                      output_cap=output_bytes, ro_dirs=[sys.prefix])
+    finally:
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+    if out.timed_out:
+        raise ToolError(f"python: killed after {timeout_s:g} s (time limit)")
+    stdout, stderr = out.stdout.decode("utf-8", "replace"), out.stderr.decode("utf-8", "replace")
+    rc = out.returncode
+    if rc > 128:
+        rc = -(rc - 128)  # bwrap reports a signalled child as 128 + signal
+    if out.truncated:
+        stdout += f"\n... (output over {output_bytes} bytes: the program was stopped)"
+    return rc, stdout, stderr
 
 
 class PythonSandbox:
@@ -62,15 +52,17 @@ class PythonSandbox:
     parameters = {"type": "object", "properties": {"code": {"type": "string", "description": "Python source."}},
                   "required": ["code"]}
 
-    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 256, cpu_s: int = 5):
-        self.timeout_s, self.memory_mb, self.cpu_s = timeout_s, memory_mb, cpu_s
+    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 256, cpu_s: int = 5, output_bytes: int = 64 * 1024):
+        self.timeout_s, self.memory_mb, self.cpu_s, self.output_bytes = timeout_s, memory_mb, cpu_s, output_bytes
 
     async def run(self, args: dict) -> str:
-        rc, out, err = await run_python(str(args["code"]), self.timeout_s, self.memory_mb, self.cpu_s)
+        rc, out, err = await run_python(str(args["code"]), self.timeout_s, self.memory_mb, self.cpu_s,
+                                        self.output_bytes)
         text = out
         if err.strip():
             text += ("" if not text or text.endswith("\n") else "\n") + err
         if rc != 0:
-            reason = {-signal.SIGXCPU: "CPU time limit", -signal.SIGKILL: "killed (memory or time limit)"}.get(rc, "")
+            reason = {-signal.SIGXCPU: "CPU time limit", -signal.SIGKILL: "killed (memory, time or output limit)"}.get(
+                rc, "")
             text = (text.rstrip() + "\n" if text.strip() else "") + f"(exit code {rc}{', ' + reason if reason else ''})"
         return text if text.strip() else "(no output)"

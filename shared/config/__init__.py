@@ -13,7 +13,7 @@ from shared.config.base import Section
 from shared.config.common import ModelConfig, ScheduleConfig, TelemetryConfig
 from shared.config.controller import ControllerConfig
 from shared.config.eval import EvalConfig
-from shared.config.loader import ConfigError, dump_config, load_config, parse_override
+from shared.config.loader import ConfigError, dump_config, load_config, parse_override, safe_yaml_load
 from shared.config.nats import NatsConfig, StreamsConfig
 from shared.config.reward import RewardConfig
 from shared.config.rollout import RolloutConfig, SamplingConfig
@@ -64,4 +64,5 @@ __all__ = [
     "dump_config",
     "load_config",
     "parse_override",
+    "safe_yaml_load",
 ]

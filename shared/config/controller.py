@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from shared.config.base import Section
 
 
 class ControllerConfig(Section):
+    SECTION: ClassVar[str] = "controller"
+
     url: str = Field("http://127.0.0.1:8600", description="Base URL clients (CLI, services) use to reach the controller.")
     host: str = Field("127.0.0.1", description="Bind address of `jetrl controller`.")
     port: int = Field(8600, ge=0, le=65535, description="Port of `jetrl controller`.")
@@ -15,7 +19,16 @@ class ControllerConfig(Section):
         "sqlite:///jetrl.db", description="SQLAlchemy URL: sqlite:///FILE or postgresql+psycopg://user@host/db."
     )
     data_dir: str = Field("jetrl-data", description="Where uploaded datasets are stored.")
-    token: str = Field("", description="Bearer token required for writes ('' = writes open).")
+    token: str = Field(
+        "", json_schema_extra={"secret": True},
+        description="Bearer token every /v1 route but /v1/health requires (reads too). Prefer token_file. The "
+        "controller refuses to start without one unless insecure_no_auth is true.",
+    )
+    token_file: str = Field("", description="File holding controller.token (mode 0600; `jetrl up` writes one per run).")
+    insecure_no_auth: bool = Field(
+        False, description="Serve without a token: anyone who reaches the port reads and writes. Logged as a warning; "
+        "for a throwaway loopback setup only.",
+    )
     max_upload_mb: int = Field(
         4096, ge=1, description="Largest dataset file accepted by upload or by server-side path, in MiB."
     )
@@ -25,7 +38,8 @@ class ControllerConfig(Section):
     max_errors: int = Field(10, ge=1, le=1000, description="Validation reports at most this many bad rows.")
     path_roots: list[str] = Field(
         default_factory=list,
-        description="Server-side dataset paths must lie under one of these dirs ([] = any readable path).",
+        description="Dirs server-side datasets may be read from: /v1/datasets/path and the local files or dirs of "
+        "/v1/datasets/hf must lie under one of them ([] = no server-side paths; upload instead).",
     )
     hf_cache_dir: str = Field("", description="Cache dir of the `datasets` library ('' = <data_dir>/hf-cache).")
     release_batch: int = Field(500, ge=1, le=100_000, description="Prompts written to the ledger and published per batch.")

@@ -50,7 +50,7 @@ def _yaml_lines(text: str) -> dict[str, int]:
                 walk(item, path)
 
     try:
-        walk(yaml.compose(text), "")
+        walk(safe_yaml_compose(text), "")
     except yaml.YAMLError:
         pass
     return lines
@@ -73,7 +73,7 @@ def _set_dotted(data: dict, dotted: str, value: Any, source: str) -> None:
 
 def _parse_scalar(text: str) -> Any:
     try:
-        return yaml.safe_load(text) if text != "" else ""
+        return safe_yaml_load(text) if text != "" else ""
     except yaml.YAMLError:
         return text
 
@@ -103,7 +103,7 @@ def load_config(
             raise ConfigError(file_label, "", "config file not found")
         text = p.read_text()
         try:
-            loaded = yaml.safe_load(text)
+            loaded = safe_yaml_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(file_label, "", f"not valid YAML: {exc}") from None
         if loaded is None:
@@ -170,6 +170,39 @@ def _origin_of(dotted: str, origin: dict[str, str]) -> str | None:
     return None
 
 
-def dump_config(cfg: BaseModel) -> str:
-    """The resolved config as YAML (what `jetrl config show` prints)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+def dump_config(cfg: BaseModel, redact: bool = True) -> str:
+    """The resolved config as YAML (what `jetrl config show` prints), secrets replaced by REDACTED unless
+    `redact` is false (shared/credentials.py)."""
+    from shared.credentials import redacted_dump
+
+    return yaml.safe_dump(redacted_dump(cfg) if redact else cfg.model_dump(mode="json"), sort_keys=False)
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases: `*name` is refused where it appears. Aliases let a few hundred
+    bytes expand to gigabytes (nested aliases) or loop for ever (an alias to its own parent), and a config
+    never needs them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"found alias *{event.anchor}: YAML aliases (and << merges) are not accepted in jetrl "
+                "configs; write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def safe_yaml_load(text: str):
+    """yaml.safe_load without aliases; yaml.YAMLError for bad YAML or any alias, and for nesting too
+    deep for the parser (RecursionError)."""
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+
+
+def safe_yaml_compose(text: str):
+    try:
+        return yaml.compose(text, Loader=_NoAliasLoader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None

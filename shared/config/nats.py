@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -10,6 +10,8 @@ from shared.config.base import Section
 
 
 class NatsConfig(Section):
+    SECTION: ClassVar[str] = "nats"
+
     servers: list[str] = Field(
         default_factory=lambda: ["nats://127.0.0.1:4222"],
         description="NATS server URLs (a cluster: list every seed). Ignored while `embedded` is on.",
@@ -31,9 +33,16 @@ class NatsConfig(Section):
         description="Embedded JetStream fsync interval ('2m' default, 'always' = fsync every write). "
         "With one replica, an OS crash can lose acknowledged messages written since the last fsync.",
     )
-    user: str = Field("", description="User name for user/password auth.")
-    password: str = Field("", description="Password for user/password auth.")
-    token: str = Field("", description="Token auth.")
+    user: str = Field("", description="User name for user/password auth (the embedded server requires it too).")
+    password: str = Field("", json_schema_extra={"secret": True},
+                          description="Password for user/password auth. Prefer password_file.")
+    password_file: str = Field("", description="File holding nats.password (mode 0600).")
+    token: str = Field("", json_schema_extra={"secret": True}, description="Token auth. Prefer token_file.")
+    token_file: str = Field("", description="File holding nats.token (mode 0600).")
+    insecure_no_auth: bool = Field(
+        False, description="Embedded server: accept anonymous clients. Without it the embedded server refuses to "
+        "start unless user + password or token is set. Logged as a warning.",
+    )
     creds_file: str = Field("", description="NATS .creds file (JWT + NKey seed).")
     nkey_seed_file: str = Field("", description="NKey seed file for NKey auth.")
     tls_ca: str = Field("", description="CA bundle to verify the server's TLS certificate.")

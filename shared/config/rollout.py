@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shared.config.base import Section
 from shared.config.engines import LocalEngineConfig, SglangEngineConfig, SimEngineConfig, VllmEngineConfig
@@ -41,3 +41,14 @@ class RolloutConfig(Section):
     vllm: VllmEngineConfig = Field(default_factory=VllmEngineConfig, description="engine=vllm options.")
     sglang: SglangEngineConfig = Field(default_factory=SglangEngineConfig, description="engine=sglang options.")
     sim: SimEngineConfig = Field(default_factory=SimEngineConfig, description="engine=sim options.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> RolloutConfig:
+        svc = self.service
+        if self.group_size > svc.max_group_size:
+            raise ValueError(f"rollout.group_size {self.group_size} is over rollout.service.max_group_size "
+                             f"{svc.max_group_size}: raise the bound or lower the group size")
+        if self.sampling.max_new_tokens > svc.max_new_tokens:
+            raise ValueError(f"rollout.sampling.max_new_tokens {self.sampling.max_new_tokens} is over "
+                             f"rollout.service.max_new_tokens {svc.max_new_tokens}")
+        return self

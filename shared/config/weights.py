@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from shared.config.base import Section
 
 
 class WeightStoreConfig(Section):
+    SECTION: ClassVar[str] = "weights"
+
     url: str = Field("http://127.0.0.1:8700", description="Base URL of the weight store HTTP service.")
     root: str = Field(
         "jetrl-weights",
@@ -16,14 +20,29 @@ class WeightStoreConfig(Section):
     )
     host: str = Field("127.0.0.1", description="Bind address of `jetrl weights serve`.")
     port: int = Field(8700, ge=0, le=65535, description="Port of `jetrl weights serve` (0 = a free port).")
-    token: str = Field("", description="Bearer token required for writes ('' = writes open).")
-    read_token: str = Field("", description="Bearer token required for reads ('' = reads open).")
+    token: str = Field(
+        "", json_schema_extra={"secret": True},
+        description="Bearer token for writes (and reads, which also accept read_token). Prefer token_file. The "
+        "service refuses to start without one unless insecure_no_auth is true.",
+    )
+    token_file: str = Field("", description="File holding weights.token (mode 0600; `jetrl up` writes one per run).")
+    read_token: str = Field(
+        "", json_schema_extra={"secret": True},
+        description="A second bearer token that allows reads only (for rollout workers); reads always accept token.",
+    )
+    read_token_file: str = Field("", description="File holding weights.read_token.")
+    insecure_no_auth: bool = Field(
+        False, description="Serve without a token: anyone who reaches the port reads and writes weights. Logged as a "
+        "warning; for a throwaway loopback setup only.",
+    )
     keep_last: int = Field(3, ge=1, description="Retention: keep the newest K versions of a run (plus pinned).")
     shared_fs: bool = Field(
         True, description="Clients read files in place when `root` is mounted on their host (zero copies)."
     )
     verify_shared_sha256: bool = Field(
-        False, description="Shared filesystem: also check every file's sha256 (sizes are always checked)."
+        True, description="Shared filesystem: check every file's sha256 against the manifest before it is used "
+        "(sizes are always checked). Costs one read of the version per reader (docs/weight_store.md has the "
+        "figure); false trusts the shared filesystem's bytes.",
     )
     verify_sha256: bool = Field(True, description="HTTP fetch: check every downloaded file's sha256.")
     cache_dir: str = Field("", description="Where HTTP fetches land ('' = a dir under the system temp dir).")

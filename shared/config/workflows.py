@@ -25,6 +25,10 @@ class ToolsConfig(Section):
     max_output_chars: int = Field(2000, ge=16, description="Tool output longer than this is truncated.")
     python_memory_mb: int = Field(256, ge=16, description="Address-space limit of the sandboxed Python process.")
     python_cpu_s: int = Field(5, ge=1, description="CPU-seconds limit of the sandboxed Python process.")
+    python_output_bytes: int = Field(
+        64 * 1024, ge=1024, description="The python tool reads at most this much stdout (and stderr); past it the "
+        "sandbox is killed.",
+    )
     corpus: str = Field(
         "", description="Search tool: a directory of .txt/.md files or a .jsonl file with a 'text' field ('' = off)."
     )
@@ -47,3 +51,18 @@ class ServiceConfig(Section):
     follow_weights: bool = Field(True, description="Watch weight announcements and swap new versions into the engine.")
     publish_timeout_s: float = Field(10.0, gt=0, description="Wait this long for JetStream to ack a trajectory group.")
     events_batch: int = Field(64, ge=1, description="Group ids per 'published' event (flushed at least every second).")
+    max_group_size: int = Field(
+        256, ge=1, description="A prompt task asking for more samples than this is dead-lettered unread (a task's "
+        "group_size is the sender's to choose: one huge group would exhaust the worker).",
+    )
+    max_new_tokens: int = Field(
+        32768, ge=1, description="A prompt task whose sampling.max_new_tokens exceeds this is dead-lettered.",
+    )
+    max_prompt_chars: int = Field(
+        1_000_000, ge=1, description="A prompt task whose prompt text (or all its messages together) is longer "
+        "than this many characters is dead-lettered.",
+    )
+    stop_timeout_s: float = Field(
+        60.0, gt=0, description="After SIGTERM, tasks in flight get this long to finish; then they are cancelled "
+        "(not acked: JetStream redelivers them) and the worker exits.",
+    )

@@ -46,7 +46,8 @@ async def start_live(cfg: JetrlConfig) -> tuple[Live, uvicorn.Server, asyncio.Ta
         assert time.monotonic() < deadline, "controller did not start"
         await asyncio.sleep(0.02)
     url = f"http://127.0.0.1:{cfg.controller.port}"
-    http = httpx.AsyncClient(base_url=url, timeout=120)
+    # every /v1 route but health needs the token: the test client sends it (tests of refusals use their own)
+    http = httpx.AsyncClient(base_url=url, timeout=120, headers=AUTH if cfg.controller.token == TOKEN else {})
     live = Live(url, ctl, cfg, http)
     await wait_for(lambda: ctl.ready, what="controller connected to NATS")
     return live, server, task

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 import yaml
 from controller_helpers import (
@@ -134,11 +135,13 @@ async def test_upload_over_the_size_limit_is_413(live, tmp_path):
 
 
 async def test_writes_need_the_bearer_token(live):
-    r = await live.http.post("/v1/runs", json=run_config("t3"))
-    assert r.status_code == 401 and "Bearer" in r.json()["detail"]
-    r = await live.http.post("/v1/runs", json=run_config("t3"), headers={"Authorization": "Bearer wrong"})
-    assert r.status_code == 401
-    assert (await live.http.get("/v1/runs")).status_code == 200
+    async with httpx.AsyncClient(base_url=live.url) as anon:
+        r = await anon.post("/v1/runs", json=run_config("t3"))
+        assert r.status_code == 401 and "Bearer" in r.json()["detail"]
+        r = await anon.post("/v1/runs", json=run_config("t3"), headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        assert (await anon.get("/v1/runs")).status_code == 401  # reads need the token too
+        assert (await anon.get("/v1/runs", headers=AUTH)).status_code == 200
 
 
 async def test_run_from_yaml_lifecycle_and_config_errors_name_the_field(live):
@@ -166,6 +169,7 @@ async def test_register_by_server_path_and_hf_builder(live, tmp_path):
     rows = [{"q": f"max {i} =", "a": str(i)} for i in range(5)]
     p = write_jsonl(tmp_path / "srv.jsonl", rows)
     mapping = {"prompt": "q", "reference": "a"}
+    live.ctl.ccfg.path_roots = [str(tmp_path)]
     r = await live.http.post("/v1/datasets/path", json={"path": p, "mapping": mapping}, headers=AUTH)
     assert r.status_code == 201, r.text
     h = await live.http.post("/v1/datasets/hf", json={"name": "json", "split": "train", "data_files": [p],

@@ -30,6 +30,7 @@ async def test_enqueue_file_and_hf_then_status(live, js, tmp_path):
     assert "run cli1: created" in out and "7 rows" in out and "14 prompts" in out
     await wait_for(lambda: _count(js, "cli1", 14), what="14 prompts")
     # the same data through the datasets library is the same dataset; a second enqueue adds epochs 2..2
+    live.ctl.ccfg.path_roots = [str(tmp_path)]  # server-side files are read only under path_roots
     rc, out = await jetrl("enqueue", "hf:json", "--data-files", data, "--run", "cli1", "--url", live.url)
     assert rc == 0, out
     assert "already registered" in out and "epochs 2..2" in out

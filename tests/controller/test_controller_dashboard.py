@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from controller_helpers import AUTH, run_config, wait_for
+from controller_helpers import AUTH, TOKEN, run_config, wait_for
 
 from shared import bus, subjects
 from shared.messages import Event
@@ -53,6 +53,8 @@ async def test_dashboard_draws_reward_curve_from_stored_metrics(live, js, nc, tm
     await wait_for(stored, what="5 reward points stored")
 
     dom = await chromium(f"{live.url}/?run=dash", tmp_path, "--dump-dom")
+    assert "needs its token" in dom and 'data-points="5"' not in dom  # reads need the controller's token
+    dom = await chromium(f"{live.url}/?run=dash#token={TOKEN}", tmp_path, "--dump-dom")
     assert 'data-loaded="1"' in dom, dom[:3000]
     reward = re.search(r'<div id="chart-reward"[^>]*>', dom).group(0)
     assert 'data-points="5"' in reward and "trainer.reward_mean" in reward and "trainer.accuracy" in reward
@@ -65,7 +67,7 @@ async def test_dashboard_draws_reward_curve_from_stored_metrics(live, js, nc, tm
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "controller-dashboard.png"
     shot.unlink(missing_ok=True)
-    await chromium(f"{live.url}/?run=dash", tmp_path, f"--screenshot={shot}")
+    await chromium(f"{live.url}/?run=dash#token={TOKEN}", tmp_path, f"--screenshot={shot}")
     assert shot.exists() and shot.stat().st_size > 10_000
 
 

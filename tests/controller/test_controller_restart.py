@@ -96,7 +96,7 @@ async def test_sigkill_mid_release_loses_nothing_and_repeats_nothing(tmp_path, n
             proc = start_controller(cfg_path, log_path)
             await wait_up(url, proc, log_path)
         await wait_for(lambda: _at_least(js, ROWS), timeout=60, what="all prompts released after restarts")
-        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=60) as c:
             async def done():
                 lg = (await c.get("/v1/runs/k1/ledger")).json()
                 return lg if lg["released"] == ROWS and lg["enqueued"] == ROWS else None

@@ -1,8 +1,12 @@
 """`jetrl up` for real: every service starts and reports healthy, a SIGKILLed child is restarted, and a
 stop ends every child by itself (SIGTERM, no SIGKILL needed)."""
 
+import os
 import signal
+import stat
 
+import httpx
+import nats
 import pytest
 
 from launcher.up import Launcher, UpOptions, poll_until
@@ -30,6 +34,7 @@ async def test_up_starts_restarts_and_stops_every_service(tmp_path):
 
         snap = await poll_until(healthy, 240, "every child running, rollout and trainer healthy, version 0")
         assert set(snap["children"]) == {"nats", "controller", "weights", "reward", "rollout", "trainer"}
+        await _everything_needs_the_runs_credentials(launcher)
 
         old_pid = snap["children"]["rollout"]["pid"]
         launcher.sup.kill("rollout", signal.SIGKILL)
@@ -46,3 +51,25 @@ async def test_up_starts_restarts_and_stops_every_service(tmp_path):
     for name, c in launcher.sup.children.items():
         assert c.proc.returncode is not None, name
         assert "did not stop" not in logs[name], f"{name} had to be killed"
+
+
+async def _everything_needs_the_runs_credentials(launcher: Launcher) -> None:
+    """Authenticated by default (issue 16): the run's generated credentials are in 0600 files, the config
+    and the command lines hold none of them, and an anonymous client gets nowhere."""
+    r = launcher.resolved
+    secret_files = [r.controller.token_file, r.weights.token_file, r.nats.password_file]
+    assert all(secret_files) and r.nats.user
+    secrets = [open(f).read().strip() for f in secret_files]
+    for f in [*secret_files, launcher.config_file]:
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
+    text = launcher.config_file.read_text()
+    argvs = " ".join(" ".join(c.spec.argv) for c in launcher.sup.children.values())
+    for secret in secrets:
+        assert len(secret) >= 32 and secret not in text and secret not in argvs
+    async with httpx.AsyncClient() as anon:
+        assert (await anon.get(f"{r.controller.url}/v1/runs")).status_code == 401
+        assert (await anon.get(f"{r.weights.url}/v1/runs")).status_code == 401
+    with pytest.raises(Exception):  # noqa: B017 - nats-py raises its own error types for a refused login
+        nc = await nats.connect(r.nats.servers[0], allow_reconnect=False, max_reconnect_attempts=0,
+                                connect_timeout=2)
+        await nc.close()

@@ -5,6 +5,7 @@ config models; the NATS config file is run by a real nats-server."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +33,14 @@ def compose_binary() -> str:
     return str(binary)
 
 
-def compose_config(path: Path, *extra: str) -> subprocess.CompletedProcess:
+SECRETS_ENV = {"JETRL_CONTROLLER_TOKEN": "ctl-tok-0123456789", "JETRL_WEIGHTS_TOKEN": "wts-tok-0123456789",
+               "JETRL_NATS_PASSWORD": "nats-pw-0123456789"}
+
+
+def compose_config(path: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("JETRL_")}
     return subprocess.run([compose_binary(), "-f", str(path), *extra, "config", "--format", "json"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env={**base, **(SECRETS_ENV if env is None else env)})
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +48,47 @@ def services() -> dict:
     proc = compose_config(COMPOSE, "--profile", "gpu")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["services"]
+
+
+def test_compose_refuses_to_start_without_the_secrets():
+    proc = compose_config(COMPOSE, env={})
+    assert proc.returncode != 0 and "jetrl secrets compose/.env" in proc.stderr
+
+
+def test_only_the_controller_is_published_and_on_loopback(services):
+    published = {name: svc.get("ports", []) for name, svc in services.items() if svc.get("ports")}
+    assert set(published) == {"controller"}, published
+    (port,) = published["controller"]
+    assert port["host_ip"] == "127.0.0.1" and str(port["target"]) == "8600"
+
+
+def test_every_jetrl_container_gets_the_credentials(services):
+    for name in JETRL_SERVICES:
+        env = services[name]["environment"]
+        assert env["JETRL__CONTROLLER__TOKEN"] == SECRETS_ENV["JETRL_CONTROLLER_TOKEN"], name
+        assert env["JETRL__WEIGHTS__TOKEN"] == SECRETS_ENV["JETRL_WEIGHTS_TOKEN"], name
+        assert env["JETRL__NATS__USER"] == "jetrl" and env["JETRL__NATS__PASSWORD"] == SECRETS_ENV["JETRL_NATS_PASSWORD"]
+    assert services["nats"]["environment"]["JETRL_NATS_PASSWORD"] == SECRETS_ENV["JETRL_NATS_PASSWORD"]
+
+
+def test_jetrl_secrets_writes_a_private_env_file_compose_accepts(tmp_path):
+    import stat
+
+    env_file = tmp_path / ".env"
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "secrets", str(env_file)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    values = dict(line.split("=", 1) for line in env_file.read_text().split())
+    assert set(values) == {"JETRL_CONTROLLER_TOKEN", "JETRL_WEIGHTS_TOKEN", "JETRL_NATS_USER", "JETRL_NATS_PASSWORD"}
+    assert all(len(v) >= 32 for k, v in values.items() if k != "JETRL_NATS_USER")
+    ok = subprocess.run([compose_binary(), "-f", str(COMPOSE), "--env-file", str(env_file), "config", "--format",
+                         "json"], capture_output=True, text=True, timeout=60,
+                        env={k: v for k, v in os.environ.items() if not k.startswith("JETRL_")})
+    assert ok.returncode == 0, ok.stderr
+    again = subprocess.run([sys.executable, "-m", "launcher.cli", "secrets", str(env_file)], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT)
+    assert again.returncode == 1 and "--force" in again.stderr  # never replaces running credentials by accident
 
 
 def test_compose_file_validates_with_every_service_and_the_gpu_profile(services):
@@ -86,13 +133,15 @@ async def test_the_compose_nats_config_runs_with_jetstream_and_an_8_mib_max_payl
     text = text.replace("store_dir: /data", f'store_dir: "{tmp_path / "js"}"')
     conf = tmp_path / "nats.conf"
     conf.write_text(text)
+    env = {**os.environ, "JETRL_NATS_USER": "jetrl", "JETRL_NATS_PASSWORD": SECRETS_ENV["JETRL_NATS_PASSWORD"]}
     proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env=env)
     try:
         nc = None
         for _ in range(100):
             try:
-                nc = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=1, allow_reconnect=False)
+                nc = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=1, allow_reconnect=False,
+                                        user="jetrl", password=SECRETS_ENV["JETRL_NATS_PASSWORD"])
                 break
             except Exception:
                 import asyncio
@@ -103,6 +152,9 @@ async def test_the_compose_nats_config_runs_with_jetstream_and_an_8_mib_max_payl
         info = await nc.jetstream().account_info()
         assert info is not None
         await nc.close()
+        with pytest.raises(Exception):  # noqa: B017 - anonymous clients are refused (nats-py's own error types)
+            await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=1, allow_reconnect=False,
+                               max_reconnect_attempts=0)
     finally:
         proc.kill()
         proc.wait()

@@ -67,7 +67,9 @@ def test_sigkilled_jetrl_nats_takes_its_server_down_so_a_restart_gets_the_port(t
     import time
 
     port = free_port()
-    argv = [sys.executable, "-m", "launcher.cli", "nats", "--port", str(port), "--store-dir", str(tmp_path / "store")]
+    (tmp_path / "pw").write_text("pw-for-the-test")
+    argv = [sys.executable, "-m", "launcher.cli", "nats", "--port", str(port), "--store-dir", str(tmp_path / "store"),
+            "--user", "u", "--password-file", str(tmp_path / "pw")]
 
     def listening() -> bool:
         with socket.socket() as s:

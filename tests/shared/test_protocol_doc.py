@@ -73,7 +73,8 @@ def example_messages() -> dict[str, object]:
             run="demo", source="trainer", subject="jetrl.demo.trajectories",
             reason="decode error: message: expected a msgpack map, got list", original=b"\x92\x01\x02",
             delivery_count=1, stream="TRAJECTORIES", stream_seq=17, headers={"Nats-Msg-Id": "demo:0:p000017"},
-            time=1796000200.0),
+            time=1796000200.0, original_size=3,
+            original_sha256="f30d7cd2485f8205f1459c7a259121a5d54ae6875e3ddcfe76afbac9ebf95ba4"),
     }
 
 

@@ -35,7 +35,7 @@ async def test_sigkill_during_an_upload_leaves_no_partial_version_and_a_restart_
         while not any(p.suffix == ".part" and p.stat().st_size > 0 for p in staging.glob(".*.part")):
             assert time.monotonic() < deadline, "the upload never reached the disk"
             time.sleep(0.02)
-        assert (staging / "config.json").is_file()  # one file of version 1 was complete
+        assert len(list((staging / ".files").glob("*.json"))) == 1  # one file of version 1 was complete
         srv.kill()
         s.close()
         assert sorted(p.name for p in (root / "crash").iterdir()) == ["0"]  # no version 1, not even partly

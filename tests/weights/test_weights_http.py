@@ -125,12 +125,12 @@ async def test_a_flipped_byte_on_the_store_is_caught_by_sha256(store, tmp_path):
     with pytest.raises(DigestMismatch):
         await client.fetch("flip", 0)
     assert not (srv.cfg.cache_dir and (tmp_path / srv.cfg.cache_dir / "flip" / "0").exists())
-    # in place on the shared filesystem: caught when sha256 checks are asked for
-    shared = WeightStoreClient(srv.cfg.model_copy(update={"shared_fs": True, "verify_shared_sha256": True}))
+    # in place on the shared filesystem: caught by default (issue 16: it used to be served silently)
+    shared = WeightStoreClient(srv.cfg.model_copy(update={"shared_fs": True}))
     with pytest.raises(DigestMismatch):
         await shared.fetch("flip", 0)
-    in_place = WeightStoreClient(srv.cfg.model_copy(update={"shared_fs": True}))
-    assert await in_place.fetch("flip", 0) == stored.parent  # zero copies: the store's own dir
+    trusting = WeightStoreClient(srv.cfg.model_copy(update={"shared_fs": True, "verify_shared_sha256": False}))
+    assert await trusting.fetch("flip", 0) == stored.parent  # the explicit opt-out: zero reads, zero copies
 
 
 async def test_metrics_count_bytes_versions_and_commit_latency(store):

@@ -40,9 +40,10 @@ async def test_writes_without_or_with_a_wrong_token_are_refused_and_write_nothin
         await WeightStoreClient(srv.cfg.model_copy(update={"token": "wrong"})).publish("demo", 0, state_dict(n=1))
     assert exc.value.status == 403
     assert written(root) == before
-    # the right token works; reads stay open without read_token
+    # the right token works; reads need it too (or the read token)
     await WeightStoreClient(srv.cfg).publish("demo", 0, state_dict(n=1))
-    assert raw_request(srv.url, target="/v1/runs/demo/versions")[0] == 200
+    assert raw_request(srv.url, target="/v1/runs/demo/versions")[0] == 401
+    assert raw_request(srv.url, target="/v1/runs/demo/versions", headers={"Authorization": "Bearer s3cret"})[0] == 200
 
 
 async def test_reads_need_the_read_token_when_one_is_set(store):

@@ -76,6 +76,7 @@ class ProcServer:
         c = self.cfg
         cmd = [sys.executable, "-m", "launcher.cli", "weights", "serve", f"weights.root={c.root}",
                f"weights.port={c.port}", f"weights.token={c.token}", f"weights.keep_last={c.keep_last}",
+               f"weights.insecure_no_auth={str(c.insecure_no_auth).lower()}",
                "telemetry.log_level=WARNING"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("JETRL__")}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -101,6 +102,8 @@ def store_config(root: Path, **kw) -> WeightStoreConfig:
     base = dict(url=f"http://127.0.0.1:{port}", root=str(root), port=port, shared_fs=False,
                 cache_dir=str(root.parent / f"cache-{port}"), timeout_s=30.0)
     base.update(kw)
+    if not base.get("token"):  # tests of everything but auth talk to the store without a token
+        base.setdefault("insecure_no_auth", True)
     return WeightStoreConfig(**base)
 
 
