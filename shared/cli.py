@@ -61,12 +61,26 @@ def nats_cmd(
     user: str = typer.Option("", help="Require this user (with --password)."),
     password: str = typer.Option("", help="Password for --user."),
     token: str = typer.Option("", help="Require this token."),
+    monitor_port: int = typer.Option(0, help="HTTP monitoring port (/healthz, /jsz); 0 = a free port."),
+    server_name: str = typer.Option("", help="This node's name, unique in a cluster (required with --cluster)."),
+    cluster: str = typer.Option("", help="Cluster routes, comma-separated, every node's own included: "
+                                "nats://n1:6222,nats://n2:6222,nats://n3:6222 (docs/deploy.md)."),
+    cluster_listen: str = typer.Option("", help="Route listen address (default HOST:6222 with --cluster)."),
+    cluster_name: str = typer.Option("jetrl", help="Cluster name (the same on every node)."),
 ) -> None:
-    """Run the embedded nats-server (JetStream on) in the foreground until Ctrl-C."""
+    """Run the embedded nats-server (JetStream on) in the foreground until Ctrl-C; with --cluster, one node
+    of a JetStream cluster (services then list every node in nats.servers and set streams.replicas: 3)."""
     from shared.natsd import EmbeddedNats
 
-    srv = EmbeddedNats(store_dir, port=port, host=host, max_payload=max_payload_mb * 1024 * 1024,
-                       sync_interval=sync_interval, user=user, password=password, token=token, die_with_parent=True)
+    routes = [r.strip() for r in cluster.split(",") if r.strip()]
+    try:
+        srv = EmbeddedNats(store_dir, port=port, host=host, max_payload=max_payload_mb * 1024 * 1024,
+                           sync_interval=sync_interval, user=user, password=password, token=token,
+                           die_with_parent=True, monitor_port=monitor_port, server_name=server_name,
+                           cluster_name=cluster_name, cluster_listen=cluster_listen, routes=routes)
+    except ValueError as exc:
+        typer.secho(f"error: {exc} (--server-name)", fg="red", err=True)
+        raise typer.Exit(2) from None
     srv.start()
     typer.echo(f"nats-server {srv.url} (JetStream store {srv.store_dir}, log {srv.log_file}); Ctrl-C to stop")
     done = threading.Event()
