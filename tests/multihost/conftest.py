@@ -4,19 +4,10 @@ the machine can make them and a failure to do so is a failure."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from multihost_helpers import need_netns
 
-from multihost.netns import HostNet, available
-
-
-def need_netns() -> None:
-    ok, why = available()
-    if not ok:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must be able to make network namespaces: {why}")
-        pytest.skip(f"cannot make network namespaces here: {why}")
+from multihost.netns import HostNet
 
 
 @pytest.fixture
