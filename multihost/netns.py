@@ -12,8 +12,8 @@ Layout (nothing but one veth touches the caller's namespace):
     host ns    <prefix>-<name> : eth0 = 10.219.N.(10+i)/24 (+ lo up); default route none
     runner     the caller's namespace: veth <prefix> = 10.219.N.1/24, so tests reach every host
 
-The harness owns 10.219.0.0/16 and takes one free /24 of it per instance (a lock file serialises the
-choice), so several harnesses can run at once. Names carry the owner's pid: a harness whose owner died
+The harness owns 10.219.0.0/16: one free /24 of 10.219.1-200 per instance (a lock file serialises
+the choice), so several harnesses can run at once; 10.219.250.0/24 is the compose test's network. Names carry the owner's pid: a harness whose owner died
 (SIGKILLed pytest) is swept by the next one (`sweep()`, also `python -m multihost sweep`).
 
 Cutting a link sets the host's bridge port down: the host keeps its address and its processes run on,
@@ -185,9 +185,9 @@ class HostNet:
         for line in _ip("-4", "route", "show", "table", "all", check=False).stdout.splitlines():
             with contextlib.suppress(ValueError):
                 used.add(ipaddress.ip_network(line.split()[0], strict=False))
-        start = os.getpid() % 250
-        for k in range(250):
-            net = ipaddress.ip_network(f"10.219.{(start + k) % 250 + 1}.0/24")
+        start = os.getpid() % 200
+        for k in range(200):
+            net = ipaddress.ip_network(f"10.219.{(start + k) % 200 + 1}.0/24")
             if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
                 return net
         raise RuntimeError(f"no free /24 left in {SUPERNET} for a test network")
