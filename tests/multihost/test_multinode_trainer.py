@@ -19,7 +19,6 @@ from trainer_testlib import make_group, publish_groups, trainer_overrides  # noq
 from shared import bus  # noqa: E402
 from shared.config import NatsConfig, StreamsConfig  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 CLI = [sys.executable, "-m", "shared.cli"]
 STEPS, BATCH = 2, 2
 
@@ -48,6 +47,8 @@ async def _train(net, hosts: list[str], nats_url: str, js, nc, tmp: Path, run: s
     return _final_weights(tmp / "published", run)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 async def test_two_nodes_one_rank_each_match_one_process(hostnet, tmp_path):
     net = hostnet(["a", "b", "c"])
     nats = net.spawn("a", CLI + ["nats", "--host", net.addr("a"), "--port", "4222", "--store-dir",
@@ -68,3 +69,22 @@ async def test_two_nodes_one_rank_each_match_one_process(hostnet, tmp_path):
     assert set(one) == set(two)
     for k in one:
         assert_close(two[k], one[k], rtol=1e-4, atol=2e-5, msg=f"{k} differs between 2 nodes and 1 process")
+
+
+def test_the_torchrun_command_of_a_node_and_the_config_checks():
+    from shared.config import ConfigError, JetrlConfig, load_config
+    from trainer_service.cli import torchrun_argv
+
+    argv = torchrun_argv(2, "run.yaml", True, ["x=1"], nnodes=3, node_rank=1, master_addr="127.0.0.1", master_port=29555)
+    i = argv.index("torch.distributed.run") + 1
+    assert argv[i:i + 6] == ["--nnodes=3", "--node-rank=1", "--rdzv-backend=static", "--master-addr=127.0.0.1",
+                             "--master-port=29555", "--local-addr=127.0.0.1"]
+    assert argv[-6:] == ["-m", "trainer_service.main", "-c", "run.yaml", "--resume", "x=1"]
+    assert "--nproc-per-node=2" in argv and "--standalone" not in argv
+    elastic = torchrun_argv(1, None, False, [], nnodes=2, master_addr="127.0.0.1", rdzv_backend="c10d", rdzv_id="r")
+    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400", "--rdzv-id=r"} <= set(elastic)
+    assert "--standalone" in torchrun_argv(2, None, False, [])
+    with pytest.raises((ConfigError, ValueError), match="trainer.master_addr"):
+        load_config(JetrlConfig, None, ["trainer.nnodes=2"])
+    with pytest.raises((ConfigError, ValueError), match="trainer.node_rank"):
+        load_config(JetrlConfig, None, ["trainer.nnodes=2", "trainer.node_rank=2", "trainer.master_addr=h"])

@@ -24,3 +24,12 @@ def test_the_documented_cluster_config_is_what_jetrl_nats_writes():
 def test_a_cluster_node_without_a_name_is_refused():
     with pytest.raises(ValueError, match="server_name"):
         EmbeddedNats(routes=["nats://a:6222"])
+
+
+def test_jetrl_nats_refuses_a_cluster_without_a_server_name(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "shared.cli", "nats", "--store-dir", str(tmp_path), "--cluster",
+                        "nats://a:6222,nats://b:6222"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "server_name" in r.stderr and "--server-name" in r.stderr
