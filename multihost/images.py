@@ -157,9 +157,12 @@ def wheels(dest: Path | None = None) -> Path:
     cache = CACHE / "wheels" / key
     if not (cache / "COMPLETE").exists():
         cache.mkdir(parents=True, exist_ok=True)
-        _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
-              "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
-              "--platform", "linux_x86_64", "--implementation", "cp", "-d", str(cache), *reqs])
+        r = _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
+                  "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
+                  "--platform", "linux_x86_64", "--implementation", "cp", "-d", str(cache), *reqs],
+                 check=False, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"pip download of the image's wheels failed:\n{r.stderr[-3000:]}")
         (cache / "COMPLETE").write_text("\n".join(reqs) + "\n")
     dest = dest or REPO / "compose" / "wheels"
     dest.mkdir(parents=True, exist_ok=True)
