@@ -75,7 +75,7 @@ class PrivateDockerd:
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", str(self.data_root), "--exec-root", str(self.tmp / "exec"),
              "--pidfile", str(self.tmp / "dockerd.pid"), "-H", f"unix://{self.sock}",
-             "--bridge", "none", "--iptables=false", "--ip-masq=false"],
+             "--bip", "10.219.251.1/24", "--iptables=false", "--ip-masq=false"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout_s
