@@ -102,9 +102,9 @@ class HostLauncher:
 class SpreadScenario(FaultScenario):
     FAULTS = ("nats-node", "cut-link", "kill-host", "add-worker")
 
-    def __init__(self, root: Path, *, steps_per_slice: int = 8, cut_s: float = 20.0, **kw):
+    def __init__(self, root: Path, *, steps_per_slice: int = 6, cut_s: float = 20.0, **kw):
         super().__init__(root, run="spread", steps_per_slice=steps_per_slice, **kw)
-        self.slices = len(self.FAULTS) + 1
+        self.slices = len(self.FAULTS) + 2  # a slice per fault, the first one, and the last (with slack)
         self.total_steps = self.slices * steps_per_slice
         self.cut_s = cut_s
         self.net: HostNet | None = None
@@ -198,14 +198,14 @@ class SpreadScenario(FaultScenario):
         t0, in_flight, step = await self._begin("nats-node")
         self.cluster.procs[name].send_signal(signal.SIGKILL)
         await asyncio.to_thread(self.cluster.procs[name].wait, 30)
-        await self._until(lambda: self._step_at_least(step + 3), f"trainer steps with NATS node {name} down")
+        await self._until(lambda: self._step_at_least(step + 2), f"trainer steps with NATS node {name} down")
         t_progress = time.time()
         self.cluster.start(name)
         self.launcher.sup.procs[f"nats-{name}"] = HostProc(self.cluster.nodes[name], self.cluster.procs[name])
         await asyncio.to_thread(self.cluster.wait_ready, 60, [name])
         t_back = time.time()
         return await self._end(FaultOutcome("nats-node", t0, back_s=t_back - t0, progress_s=t_progress - t0,
-                                            progress="3 trainer steps with the node down",
+                                            progress="2 trainer steps with the node down",
                                             in_flight_at_kill=in_flight))
 
     async def cut_link(self, host: str = "d") -> FaultOutcome:
@@ -231,16 +231,27 @@ class SpreadScenario(FaultScenario):
         """Every process on `host` dies (SIGKILL); the others redo its work."""
         t0, in_flight, step = await self._begin("kill-host")
         pids = await asyncio.to_thread(self.net.kill_all, host)
-        await self._until(lambda: self._step_at_least(step + 3), f"trainer steps after host {host} died")
+        await self._until(lambda: self._step_at_least(step + 2), f"trainer steps after host {host} died")
         return await self._end(FaultOutcome("kill-host", t0, back_s=0.0, progress_s=time.time() - t0,
                                             progress=f"trainer steps without host {host}",
                                             in_flight_at_kill=in_flight, note=f"killed pids {pids}"))
 
     async def add_worker(self, host: str = "f") -> FaultOutcome:
-        """A new host joins mid-run with a rollout worker; it must publish trajectory groups."""
-        t0, in_flight, _ = await self._begin("add-worker")
+        """A new host joins mid-run with a rollout worker: once it reports healthy, the next slice of
+        prompts is enqueued, and the new worker must publish some of its groups."""
+        self._phase(self.wait_s)
+        t0 = time.time()
         self.net.add_host(host)
         self.rollout(host)
+
+        async def healthy() -> bool:
+            h = await self._api("/v1/health")
+            return any(s["instance"] == f"spread-rollout-{host}" and s["last_seen"] > t0
+                       for s in h.get("services", []))
+
+        await self._until(healthy, f"the worker on the new host {host} to report healthy")
+        in_flight = [g for g, _ in self._ledger_rows(IN_FLIGHT_STATES)]
+        await self.next_slice()
         t_pub = await self._until(lambda: self._published_by(f"spread-rollout-{host}", t0),
                                   f"the worker on the new host {host} to publish groups")
         return await self._end(FaultOutcome("add-worker", t0, back_s=t_pub - t0, progress_s=t_pub - t0,

@@ -29,7 +29,7 @@ async def spread(tmp_path_factory):
 
 async def test_killing_one_nats_node_does_not_stop_the_run(spread):
     out = await spread.kill_nats_node("n1")
-    assert out.progress_s > 0  # three trainer steps were made while n1 was dead
+    assert out.progress_s > 0  # trainer steps were made while n1 was dead
     info = spread.cluster.jsz("n1")["meta_cluster"]
     assert info["cluster_size"] == 3 and info["leader"]
 
