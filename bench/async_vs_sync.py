@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.demo import demo_settings
-from controller.demo_task import write_dataset
-from controller.up import Launcher, UpOptions, poll_until
+from launcher.demo import demo_settings
+from launcher.demo_task import write_dataset
+from launcher.up import Launcher, UpOptions, poll_until
 from rollout_service.engines.base import GenerateRequest, SamplingParams
 from rollout_service.engines.sim import SimEngine
 from shared.config import JetrlConfig

@@ -119,7 +119,7 @@ async def main() -> None:
     print(f"controller release, ledger in SQLite:     {sqlite:,.0f} prompts/s ({sqlite / raw:.2f} of raw)")
     pg_ratio = None
     if not args.no_pg:
-        from controller.devpg import TempPostgres, find_pg_bin
+        from launcher.devpg import TempPostgres, find_pg_bin
 
         if find_pg_bin() is None:
             print("controller release, ledger in PostgreSQL: skipped (no initdb/pg_ctl)")

@@ -2,7 +2,7 @@
 
     python -m bench.fault_recovery [--dir DIR] [--keep] [--steps-per-slice 10]
 
-The scenario is controller/fault_scenario.py, the same one tests/fault/ asserts on: a real `jetrl up`
+The scenario is launcher/fault_scenario.py, the same one tests/fault/ asserts on: a real `jetrl up`
 run (embedded nats-server, SQLite, local engine, tiny policy on maxdigit) in which a rollout worker, the
 reward service, the trainer, the weight store, the controller and the nats-server are SIGKILLed one at a
 time while work flows (the supervisor restarts each), then undecodable and wrong-schema messages are
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from controller.fault_scenario import FAULTS, Audit, FaultScenario
+from launcher.fault_scenario import FAULTS, Audit, FaultScenario
 
 
 def fault_table(sc: FaultScenario) -> list[str]:

@@ -107,7 +107,7 @@ def main() -> None:
     work = groups(args.group)
     with EmbeddedNats() as srv:
         log = open(os.devnull, "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "reward", "serve", "--task", "gsm8k",
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "reward", "serve", "--task", "gsm8k",
                                  f"nats.servers=[{srv.url}]", "telemetry.metrics_port=-1",
                                  "telemetry.log_level=WARNING"], cwd=ROOT, stdout=log, stderr=log)
         try:

@@ -54,7 +54,7 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def start_service_argv(root: Path, port: int, host: str = "127.0.0.1") -> list[str]:
-    return [sys.executable, "-m", "shared.cli", "weights", "serve", f"weights.root={root}", f"weights.port={port}",
+    return [sys.executable, "-m", "launcher.cli", "weights", "serve", f"weights.root={root}", f"weights.port={port}",
             f"weights.host={host}", "telemetry.log_level=WARNING", "telemetry.metrics_port=-1"]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from multihost.netns import HostNet
 
 CLIENT_PORT, ROUTE_PORT, MONITOR_PORT = 4222, 6222, 8222
-CLI = [sys.executable, "-m", "shared.cli"]
+CLI = [sys.executable, "-m", "launcher.cli"]
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """A whole run spread over hosts (network namespaces, multihost/netns.py), with host-level faults, audited
-like the fault suite (controller/fault_scenario.py: the ledger balances, nothing in flight, no group
+like the fault suite (launcher/fault_scenario.py: the ledger balances, nothing in flight, no group
 trained twice in the final model's lineage).
 
     host a: nats n1 + controller          host b: nats n2 + weight store     host c: nats n3 + trainer
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import yaml
 
-from controller.fault_scenario import IN_FLIGHT_STATES, FaultOutcome, FaultScenario
+from launcher.fault_scenario import IN_FLIGHT_STATES, FaultOutcome, FaultScenario
 from multihost.cluster import NatsCluster
 from multihost.netns import HostNet
 from shared.config import JetrlConfig, dump_config, load_config
 
-CLI = [sys.executable, "-m", "shared.cli"]
+CLI = [sys.executable, "-m", "launcher.cli"]
 HOSTS = ("a", "b", "c", "d", "e")
 CONTROLLER_PORT, WEIGHTS_PORT = 8600, 8700
 

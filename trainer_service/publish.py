@@ -1,10 +1,14 @@
-"""Weight publishing behind one small protocol: after an optimizer step the trainer hands the full
-state dict to a WeightPublisher, which stores it as version v and announces it in the weights KV (CAS).
+"""Weight publishing, the trainer's side: after an optimizer step the trainer hands the full state dict to
+a WeightPublisher, which makes it version v and announces it in the weights KV (compare-and-set).
 
-- StorePublisher: weight_store.client.WeightStoreClient.publish + weight_store.announce.announce.
+- StorePublisher: writes a Hugging Face model dir and hands it to
+  weight_store.client.WeightStoreClient.publish_version (upload + commit + announcement, idempotent per
+  (instance, version)).
 - DirectoryPublisher: writes <publish_dir>/<run>/v<version>/ (config.json + model.safetensors +
-  tokenizer) and announces it with a file:// manifest url (single host, tests).
+  tokenizer) and announces it with a file:// manifest url (single host, tests), through the same
+  weight_store.announce.announce.
 Both write a Hugging Face model dir, so `from_pretrained` (and the rollout engines) load any version.
+What to retry is the trainer's call (`retryable_publish_error`; Trainer._publish retries with back-off).
 """
 
 from __future__ import annotations
@@ -18,20 +22,16 @@ import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared import codec, subjects
 from shared.config import JetrlConfig
 from shared.messages import WeightVersion
+from weight_store.announce import VersionConflict, announce, latest
+from weight_store.client import VersionTakenError, WeightStoreClient, WeightStoreError
+from weight_store.manifest import MANIFEST
 
 log = logging.getLogger("jetrl.trainer.publish")
 
-
-class VersionConflictError(RuntimeError):
-    """That version (or a newer one) is already announced for the run: another trainer published it."""
-
-
-class VersionTakenError(RuntimeError):
-    """The weight store already holds this version from another trainer instance that never announced
-    it (it died between commit and announcement): skip the number, the store's versions are immutable."""
+__all__ = ["DirectoryPublisher", "StorePublisher", "VersionConflict", "VersionTakenError", "WeightPublisher",
+           "make_publisher", "retryable_publish_error", "write_hf_dir"]
 
 
 class WeightPublisher(Protocol):
@@ -59,83 +59,7 @@ def write_hf_dir(out: Path, state_dict: dict, hf_config: Any, tokenizer: Any, ti
     return out
 
 
-# --- announcements ----------------------------------------------------------------------------------
-
-
-async def announce(js, wv: WeightVersion) -> int:
-    """Announce through weight_store.announce when it is installed, else the same KV CAS here."""
-    try:
-        from weight_store import announce as ws_announce
-    except ImportError:
-        ws_announce = None
-    if ws_announce is not None:
-        try:
-            return await ws_announce.announce(js, wv)
-        except ws_announce.VersionConflict as exc:
-            revision = await _revision_holding(js, wv)
-            if revision is not None:
-                return revision
-            raise VersionConflictError(str(exc)) from exc
-    from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
-
-    kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
-    data = codec.encode(wv)
-    try:
-        entry = await kv.get(wv.run)
-    except KeyNotFoundError:
-        entry = None
-    if entry is None or entry.value is None:
-        try:
-            return await kv.create(wv.run, data)
-        except Exception as exc:
-            raise VersionConflictError(f"run {wv.run}: another trainer announced first ({exc})") from exc
-    have = codec.decode(entry.value, WeightVersion)
-    if _same(have, wv):
-        return entry.revision  # a retry of an announcement that went through (its reply was lost)
-    if have.version >= wv.version:
-        raise VersionConflictError(f"run {wv.run}: version {have.version} is already announced, cannot announce "
-                                   f"{wv.version}")
-    try:
-        return await kv.update(wv.run, data, last=entry.revision)
-    except KeyWrongLastSequenceError as exc:
-        raise VersionConflictError(f"run {wv.run}: the weights key changed while announcing {wv.version}") from exc
-
-
-def _same(have: WeightVersion, wv: WeightVersion) -> bool:
-    """The same announcement: version and manifest digest (the manifest names the publishing instance)."""
-    return bool(wv.sha256) and have.version == wv.version and have.sha256 == wv.sha256
-
-
-async def _revision_holding(js, wv: WeightVersion) -> int | None:
-    """The KV revision if the key already holds exactly `wv`: an earlier attempt of this announcement
-    went through and only its reply was lost, so announcing it again is a no-op."""
-    from nats.js.errors import KeyNotFoundError
-
-    kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
-    try:
-        entry = await kv.get(wv.run)
-    except KeyNotFoundError:
-        return None
-    if entry is None or not entry.value:
-        return None
-    return entry.revision if _same(codec.decode(entry.value, WeightVersion), wv) else None
-
-
-async def latest_announced(js, run: str) -> WeightVersion | None:
-    try:
-        from weight_store import announce as ws_announce
-    except ImportError:
-        ws_announce = None
-    if ws_announce is not None:
-        return await ws_announce.latest(js, run)
-    from nats.js.errors import KeyNotFoundError
-
-    kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
-    try:
-        entry = await kv.get(run)
-    except KeyNotFoundError:
-        return None
-    return codec.decode(entry.value, WeightVersion) if entry and entry.value else None
+# --- retry policy ----------------------------------------------------------------------------------
 
 
 def retryable_publish_error(exc: BaseException) -> bool:
@@ -144,9 +68,7 @@ def retryable_publish_error(exc: BaseException) -> bool:
     conflict (another trainer), a refused request (4xx), a bug."""
     from nats.errors import Error as NatsError
 
-    from weight_store.transfer import WeightStoreError
-
-    if isinstance(exc, (VersionConflictError, VersionTakenError)):
+    if isinstance(exc, (VersionConflict, VersionTakenError)):
         return False
     if isinstance(exc, WeightStoreError):
         return exc.status >= 500
@@ -162,7 +84,7 @@ class DirectoryPublisher:
         self.root = Path(cfg.trainer.publish_dir) / cfg.run
 
     async def latest(self) -> WeightVersion | None:
-        return await latest_announced(self.js, self.cfg.run)
+        return await latest(self.js, self.cfg.run)
 
     async def publish(self, version, step, state_dict, hf_config, tokenizer, metadata=None) -> WeightVersion:
         final = self.root / f"v{version:08d}"
@@ -178,15 +100,15 @@ class DirectoryPublisher:
                                   "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
             manifest = {"run": self.cfg.run, "version": version, "step": step, "files": files,
                         "metadata": metadata or {}}
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             return files
 
         files = await asyncio.to_thread(write)
-        sha = hashlib.sha256((final / "manifest.json").read_bytes()).hexdigest()
+        sha = hashlib.sha256((final / MANIFEST).read_bytes()).hexdigest()
         wv = WeightVersion(run=self.cfg.run, version=version, step=step, files=files, sha256=sha,
-                           manifest_url=(final / "manifest.json").resolve().as_uri())
+                           manifest_url=(final / MANIFEST).resolve().as_uri())
         await announce(self.js, wv)
         return wv
 
@@ -195,53 +117,20 @@ class DirectoryPublisher:
 
 
 class StorePublisher:
-    """weight_store's client (upload + commit) and announcement; imported lazily."""
+    """The weight store: one WeightStoreClient.publish_version call per version."""
 
     def __init__(self, cfg: JetrlConfig, js):
-        from weight_store.client import WeightStoreClient
-
         self.cfg, self.js = cfg, js
         self.client = WeightStoreClient(cfg.weights)
 
     async def latest(self) -> WeightVersion | None:
-        return await latest_announced(self.js, self.cfg.run)
+        return await latest(self.js, self.cfg.run)
 
     async def publish(self, version, step, state_dict, hf_config, tokenizer, metadata=None) -> WeightVersion:
-        from weight_store.client import WeightStoreError
-
         with tempfile.TemporaryDirectory(prefix=f"jetrl-publish-v{version}-") as d:
             await asyncio.to_thread(write_hf_dir, Path(d), state_dict, hf_config, tokenizer, not self.cfg.model.path)
-            try:
-                wv = await self.client.publish(self.cfg.run, version, Path(d), step=step, metadata=metadata)
-            except WeightStoreError as exc:
-                if exc.status != 409 or exc.code != "exists":
-                    raise
-                wv = await self._committed_before(version, step, metadata or {})
-        await announce(self.js, wv)
-        return wv
-
-    async def _committed_before(self, version: int, step: int, metadata: dict) -> WeightVersion:
-        """The store already has `version`. Committed by an earlier attempt of this very publish (the
-        commit's reply was lost): use it. Committed by another trainer instance: if that version (or a
-        newer one) is announced, another trainer is ahead (VersionConflictError); if not, it died between
-        commit and announcement (VersionTakenError: skip the number)."""
-        import hashlib
-
-        from weight_store.storage import manifest_bytes
-
-        m = await self.client.manifest(self.cfg.run, version)
-        if m.get("step") != step or m.get("metadata") != metadata:
-            announced = await self.latest()
-            if announced is not None and announced.version >= version:
-                raise VersionConflictError(f"run {self.cfg.run!r}: version {announced.version} is already announced, "
-                                           f"cannot publish {version}")
-            raise VersionTakenError(
-                f"run {self.cfg.run!r}: version {version} is already in the weight store from another trainer "
-                f"instance (step {m.get('step')}, metadata {m.get('metadata')}), but was never announced")
-        return WeightVersion(run=self.cfg.run, version=version, step=step,
-                             manifest_url=self.client.manifest_url(self.cfg.run, version),
-                             files=m["files"], sha256=hashlib.sha256(manifest_bytes(m)).hexdigest(),
-                             created_at=m["created_at"])
+            return await self.client.publish_version(self.js, self.cfg.run, version, Path(d), step=step,
+                                                     metadata=metadata)
 
     async def close(self) -> None:
         await self.client.close()

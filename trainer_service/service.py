@@ -27,7 +27,6 @@ from trainer_service.algorithms.advantages import group_advantages
 from trainer_service.intake import Batch, Intake, IntakeState
 from trainer_service.packing import TrainItem
 from trainer_service.publish import VersionTakenError, make_publisher, retryable_publish_error
-from trainer_service.step import train_step
 
 log = logging.getLogger("jetrl.trainer")
 
@@ -43,9 +42,7 @@ def execute(backend, cmd: dict, cfg: JetrlConfig) -> Any:
     """Run one driver command on this rank (every rank runs every command)."""
     kind = cmd["kind"]
     if kind == "step":
-        if cfg.trainer.backend == "sim":  # a step-cost model instead of the optimizer step (backends/sim.py)
-            return backend.simulated_step(cmd["items"])
-        return train_step(backend, cmd["items"], cfg.trainer, norm_length(cfg))
+        return backend.train_step(cmd["items"], cfg.trainer, norm_length(cfg))
     if kind == "state_dict":
         return backend.full_state_dict()
     if kind == "save":

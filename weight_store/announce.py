@@ -6,6 +6,9 @@
 
 Two publishers of the same version cannot both succeed: `announce` writes with the revision it
 read, so the second one's write fails and, seeing the version taken, raises VersionConflict.
+Announcing what the key already holds (same version, same non-empty manifest sha256: a retry whose
+reply was lost) is a no-op that returns the key's revision. The trainer publishes through
+weight_store.client.WeightStoreClient.publish_version (upload + commit + announce).
 `watch` survives a NATS disconnect or a server restart: on a silent gap (nothing for `idle_s`) it
 re-reads the key, and it catches up on missed versions from the key's history (16 entries).
 """
@@ -49,14 +52,23 @@ def _decode(value: bytes | None) -> WeightVersion | None:
     return codec.decode(value, expect=WeightVersion)
 
 
+def same_announcement(have: WeightVersion, wv: WeightVersion) -> bool:
+    """The same announcement: version and manifest digest (the manifest names the publishing instance)."""
+    return bool(wv.sha256) and have.version == wv.version and have.sha256 == wv.sha256
+
+
 async def announce(js: JetStreamContext, wv: WeightVersion) -> int:
-    """Set the run's key to `wv` if it is newer than what is announced; returns the KV revision."""
+    """Set the run's key to `wv` if it is newer than what is announced; returns the KV revision. If the
+    key already holds exactly `wv` (an earlier attempt went through, only its reply was lost), returns
+    that revision without writing."""
     run = check_run_id(wv.run)
     kv = await js.key_value(WEIGHTS_KV_BUCKET)
     data = codec.encode(wv)
     while True:
         entry = await _entry(kv, run)
         current = _decode(entry.value) if entry is not None else None
+        if current is not None and same_announcement(current, wv):
+            return entry.revision
         if current is not None and current.version >= wv.version:
             raise VersionConflict(run, wv.version, current.version)
         try:

@@ -1,13 +1,15 @@
 """The weight store client used by the trainer (publish) and the rollout workers (fetch).
 
     client = WeightStoreClient(cfg.weights)
-    wv = await client.publish(run, version, model.state_dict(), step=step, files={"config.json": path})
-    await announce(js, wv)                       # weight_store.announce: tell the rollout workers
+    wv = await client.publish_version(js, run, version, hf_dir, step=step, metadata={"instance": me})
     path = await client.fetch(run, version)      # a dir: config.json + safetensors, from_pretrained-able
     sd = load_state_dict(path)
 
-`publish` streams safetensors shards (at most `shard_size_mb` of tensor data each) from tensor
-memory, `parallel_transfers` at a time, then commits the version. `fetch` uses the store's own files
+`publish_version` is a version's whole way out: upload + commit (`publish`) + announcement in the
+weights KV with compare-and-set (weight_store.announce), idempotent per (instance, version) so a
+retry after a lost reply finishes instead of failing. `publish` streams safetensors shards (at most
+`shard_size_mb` of tensor data each) from tensor memory or a dir's files, `parallel_transfers` at a
+time, then commits the version (no announcement). `fetch` uses the store's own files
 in place when `root` is mounted here (`shared_fs`), else downloads into `cache_dir` with resume and
 sha256 checks. Blocking socket and file work runs in threads; the API is async.
 """
@@ -31,19 +33,20 @@ from shared.config import WeightStoreConfig
 from shared.messages import WeightVersion
 from weight_store import shards as sh
 from weight_store import transfer
-from weight_store.storage import (
-    MANIFEST,
-    check_file_name,
-    check_run,
-    check_version,
-    manifest_bytes,
-    sha256_file,
-)
+from weight_store.announce import VersionConflict, announce, latest
+from weight_store.manifest import MANIFEST, manifest_bytes, manifest_sha256
+from weight_store.storage import check_file_name, check_run, check_version, sha256_file
 from weight_store.transfer import DigestMismatch, TransferError, WeightStoreError
 
 log = logging.getLogger("jetrl.weights.client")
 
-__all__ = ["DigestMismatch", "TransferError", "WeightStoreClient", "WeightStoreError", "load_state_dict"]
+__all__ = ["DigestMismatch", "TransferError", "VersionConflict", "VersionTakenError", "WeightStoreClient",
+           "WeightStoreError", "load_state_dict"]
+
+
+class VersionTakenError(RuntimeError):
+    """The weight store already holds this version from another publisher instance that never announced
+    it (it died between commit and announcement): skip the number, the store's versions are immutable."""
 
 
 class WeightStoreClient:
@@ -106,7 +109,7 @@ class WeightStoreClient:
         skipped), then commit the version.
 
         `files` adds more files by name (config.json, tokenizer files) from paths or bytes. Does not
-        announce: call weight_store.announce.announce(js, wv) with the result.
+        announce: `publish_version` does both.
         """
         run, version = check_run(run), check_version(version)
         uploads: list[tuple[str, int, transfer.Buffers]] = []  # (name, size, buffers)
@@ -162,6 +165,43 @@ class WeightStoreClient:
         m = res["manifest"]
         return WeightVersion(run=run, version=version, step=step, manifest_url=self.manifest_url(run, version),
                              files=m["files"], sha256=res["manifest_sha256"], created_at=m["created_at"])
+
+    async def publish_version(self, js, run: str, version: int,
+                              state_dict_or_dir: Mapping[str, torch.Tensor] | str | os.PathLike, step: int = 0,
+                              metadata: dict | None = None,
+                              files: Mapping[str, str | os.PathLike | bytes] | None = None) -> WeightVersion:
+        """Upload + commit (`publish`) + announce in the weights KV (compare-and-set): the one call that
+        makes a version visible to the rollout workers.
+
+        Idempotent per (instance, version), the instance being named in `metadata` (same step and
+        metadata = the same publish): a retry whose commit or announcement went through and only the
+        reply was lost finishes. Raises VersionConflict when this version or a newer one is already
+        announced (another publisher is ahead), VersionTakenError when another publisher committed this
+        version but never announced it (skip the number)."""
+        try:
+            wv = await self.publish(run, version, state_dict_or_dir, step=step, metadata=metadata, files=files)
+        except WeightStoreError as exc:
+            if exc.status != 409 or exc.code != "exists":
+                raise
+            wv = await self._committed_before(js, run, version, step, metadata or {})
+        await announce(js, wv)
+        return wv
+
+    async def _committed_before(self, js, run: str, version: int, step: int, metadata: dict) -> WeightVersion:
+        """The store already has `version`. Committed by an earlier attempt of this very publish (the
+        commit's reply was lost): use it. Committed by another publisher instance: if that version (or a
+        newer one) is announced, another publisher is ahead (VersionConflict); if not, it died between
+        commit and announcement (VersionTakenError: skip the number)."""
+        m = await self.manifest(run, version)
+        if m.get("step") != step or m.get("metadata") != metadata:
+            announced = await latest(js, run)
+            if announced is not None and announced.version >= version:
+                raise VersionConflict(run, version, announced.version)
+            raise VersionTakenError(
+                f"run {run!r}: version {version} is already in the weight store from another trainer "
+                f"instance (step {m.get('step')}, metadata {m.get('metadata')}), but was never announced")
+        return WeightVersion(run=run, version=version, step=step, manifest_url=self.manifest_url(run, version),
+                             files=m["files"], sha256=manifest_sha256(m), created_at=m["created_at"])
 
     # --- fetch ------------------------------------------------------------------------------------
 

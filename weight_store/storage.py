@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.subjects import check_run_id
+from weight_store.manifest import MANIFEST, MANIFEST_FORMAT, manifest_bytes
 
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _VERSION_RE = re.compile(r"^[0-9]{1,12}$")
 
@@ -92,10 +91,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def manifest_bytes(manifest: dict) -> bytes:
-    return json.dumps(manifest, indent=1, sort_keys=True).encode()
 
 
 class Storage:

@@ -17,7 +17,7 @@ def pg_server():
     if url:
         yield ("url", url)
         return
-    from controller.devpg import TempPostgres, find_pg_bin
+    from launcher.devpg import TempPostgres, find_pg_bin
 
     if find_pg_bin() is None:
         pytest.skip("PostgreSQL: no server binaries (initdb/pg_ctl; apt-get install postgresql) and no JETRL_TEST_PG_URL")
@@ -30,7 +30,7 @@ def _new_pg_database(pg_server) -> str:
     kind, handle = pg_server
     name = f"jetrl_{uuid.uuid4().hex[:12]}"
     if kind == "url":
-        from controller.devpg import create_database_at
+        from launcher.devpg import create_database_at
 
         return create_database_at(handle, name)
     return handle.create_database(name)

@@ -14,7 +14,7 @@ from controller_helpers import TOKEN, maxdigit_rows, prompts_count, run_config, 
 
 async def jetrl(*args: str, token: str = TOKEN) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable, "-m", "launcher.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "JETRL_TOKEN": token})
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     return proc.returncode, out.decode()

@@ -39,7 +39,7 @@ ROWS = 240
 def start_controller(cfg_path, log_path) -> subprocess.Popen:
     logf = open(log_path, "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "shared.cli", "controller", "-c", str(cfg_path)],
+        return subprocess.Popen([sys.executable, "-m", "launcher.cli", "controller", "-c", str(cfg_path)],
                                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     finally:

@@ -39,7 +39,7 @@ def api_schema(tmp_path_factory):
     (tmp / "c.yaml").write_text(yaml.safe_dump(cfg))
     log = open(tmp / "controller.log", "ab")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "controller", "-c", str(tmp / "c.yaml")],
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "controller", "-c", str(tmp / "c.yaml")],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 60

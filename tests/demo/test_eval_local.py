@@ -10,8 +10,8 @@ import pytest
 from eval_helpers import direct_greedy_reward
 from safetensors.torch import save_file
 
-from controller.demo_task import make_rows, write_jsonl
-from rollout_service.evaluate import EvalError, eval_once, stored_versions
+from launcher.demo_task import make_rows, write_jsonl
+from rollout_service.evaluation.session import EvalError, eval_once, stored_versions
 from shared.config import JetrlConfig
 from shared.config.eval import EvalConfig
 from shared.tinymodel import build_tiny_model
@@ -72,6 +72,6 @@ def test_cli_refuses_local_reward_with_follow(tmp_path):
     path = write_jsonl(rows, tmp_path / "held.jsonl")
     cfgfile = tmp_path / "c.yaml"
     cfgfile.write_text("reward: {task: maxdigit}\n")
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "eval", "-c", str(cfgfile), "--dataset", str(path),
+    out = subprocess.run([sys.executable, "-m", "launcher.cli", "eval", "-c", str(cfgfile), "--dataset", str(path),
                           "--local-reward", "--follow"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--local-reward" in out.stderr

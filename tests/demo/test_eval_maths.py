@@ -2,7 +2,8 @@
 
 import pytest
 
-from rollout_service.evaluate import pass_at_k, read_rows, summarise
+from rollout_service.evaluation.passk import pass_at_k, summarise
+from rollout_service.evaluation.rows import read_rows
 from shared.config.eval import EvalConfig
 
 

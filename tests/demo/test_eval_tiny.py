@@ -8,8 +8,8 @@ import time
 import pytest
 from eval_helpers import direct_greedy_reward
 
-from controller.demo_task import make_rows, write_jsonl
-from rollout_service.evaluate import eval_once
+from launcher.demo_task import make_rows, write_jsonl
+from rollout_service.evaluation.session import eval_once
 from shared import subjects
 from shared.codec import decode
 from shared.config import JetrlConfig
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def reward_service(nats_config, tmp_path):
     cfgfile = tmp_path / "r.yaml"
     cfgfile.write_text(f"nats: {{servers: ['{nats_config.servers[0]}']}}\nreward: {{task: maxdigit}}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "shared.cli", "reward", "serve", "-c", str(cfgfile)])
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "reward", "serve", "-c", str(cfgfile)])
     yield
     proc.terminate()
     proc.wait(30)

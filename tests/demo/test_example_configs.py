@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.demo import demo_settings
+from launcher.demo import demo_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -20,7 +20,7 @@ def test_examples_exist():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_config_validates(path):
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "config", "show", "-c", str(path)],
+    out = subprocess.run([sys.executable, "-m", "launcher.cli", "config", "show", "-c", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert yaml.safe_load(out.stdout)["run"]

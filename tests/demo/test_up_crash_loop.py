@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.preflight import preflight
-from controller.supervisor import ProcessSpec, Supervisor
+from launcher.preflight import preflight
+from launcher.supervisor import ProcessSpec, Supervisor
 from shared.config import JetrlConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def test_jetrl_up_refuses_the_gpu_example_on_a_cpu_host_before_starting_anything
 
     if torch.cuda.is_available():
         pytest.skip("this host has a GPU")
-    r = subprocess.run([sys.executable, "-m", "shared.cli", "up", "-c", str(ROOT / "examples" / "gsm8k_grpo.yaml"),
+    r = subprocess.run([sys.executable, "-m", "launcher.cli", "up", "-c", str(ROOT / "examples" / "gsm8k_grpo.yaml"),
                         "--run-dir", str(tmp_path / "run"), "--no-panel"], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
     assert r.returncode == 2, r.stdout + r.stderr
@@ -89,7 +89,7 @@ def test_jetrl_up_stops_a_run_whose_trainer_crash_loops_with_its_error(tmp_path)
     cfg.write_text("run: loop\nnats: {embedded: true}\nreward: {task: maxdigit}\n"
                    f"model: {{path: {tmp_path / 'no-such-model'}}}\n"
                    "launch: {crash_loop_restarts: 2, crash_loop_window_s: 120, error_lines: 5}\n")
-    r = subprocess.run([sys.executable, "-m", "shared.cli", "up", "-c", str(cfg), "--run-dir", str(tmp_path / "run"),
+    r = subprocess.run([sys.executable, "-m", "launcher.cli", "up", "-c", str(cfg), "--run-dir", str(tmp_path / "run"),
                         "--no-panel", "--quiet"], capture_output=True, text=True, timeout=240, cwd=ROOT)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]

@@ -6,7 +6,7 @@ import sys
 
 import yaml
 
-from controller.up import UpOptions, plan, resolve_config
+from launcher.up import UpOptions, plan, resolve_config
 from shared.config import JetrlConfig, load_config
 
 
@@ -18,7 +18,7 @@ def _cfg(tmp_path, text):
 
 def test_dry_run_prints_every_process_and_writes_the_resolved_config(tmp_path):
     (tmp_path / "c.yaml").write_text("run: dry\nnats: {embedded: true}\nreward: {task: maxdigit}\n")
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "up", "-c", str(tmp_path / "c.yaml"), "--dry-run",
+    out = subprocess.run([sys.executable, "-m", "launcher.cli", "up", "-c", str(tmp_path / "c.yaml"), "--dry-run",
                           "--run-dir", str(tmp_path / "run"), "--workers", "2"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from controller.up import Launcher, UpOptions, poll_until
+from launcher.up import Launcher, UpOptions, poll_until
 from shared.config import JetrlConfig, load_config
 
 pytestmark = pytest.mark.slow

@@ -67,7 +67,7 @@ def test_each_container_command_is_a_real_jetrl_subcommand_with_valid_config(nam
     argv = list(svc["command"])
     # the subcommand exists: everything before the options answers --help
     sub = [a for a in argv[: argv.index("-c")]]
-    proc = subprocess.run([sys.executable, "-m", "shared.cli", *sub, "--help"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *sub, "--help"], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 0, f"`jetrl {' '.join(sub)}`: {proc.stdout}{proc.stderr}"
     # the mounted run config + the container's JETRL__* environment load into the config models

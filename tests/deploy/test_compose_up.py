@@ -117,7 +117,7 @@ def test_compose_up_trains_scales_survives_a_kill_and_balances_the_ledger(jetrl_
         cfg["schedule"].update(total_steps=STEPS, batch_size=BATCH)
         r = api.post("/v1/runs", content=yaml.safe_dump(cfg).encode(), headers={"Content-Type": "application/yaml"})
         assert r.status_code in (200, 201), r.text
-        from controller.demo_task import make_rows
+        from launcher.demo_task import make_rows
 
         rows = make_rows(STEPS * BATCH * 3, seed=7, unique=False)
         body = "".join(json.dumps(row) + "\n" for row in rows).encode()

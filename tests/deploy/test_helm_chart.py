@@ -111,7 +111,7 @@ def test_each_container_runs_a_real_subcommand_on_a_config_that_loads(default_do
     c = containers(default_docs)[name]
     args = list(c["args"])
     sub = args[: args.index("-c")]
-    r = subprocess.run([sys.executable, "-m", "shared.cli", *sub, "--help"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "launcher.cli", *sub, "--help"], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     run_yaml = by_kind(default_docs, "ConfigMap")["rl-jetrl-run"]["data"]["run.yaml"]

@@ -19,7 +19,7 @@ from trainer_testlib import make_group, publish_groups, trainer_overrides  # noq
 from shared import bus  # noqa: E402
 from shared.config import NatsConfig, StreamsConfig  # noqa: E402
 
-CLI = [sys.executable, "-m", "shared.cli"]
+CLI = [sys.executable, "-m", "launcher.cli"]
 STEPS, BATCH = 2, 2
 
 

@@ -46,7 +46,7 @@ async def replicas(cfg: JetrlConfig, n: int = 1, task: str | None = None, js: bo
 def spawn_replica(nats_url: str, task: str, log: Path, *overrides: str) -> subprocess.Popen:
     """`jetrl reward serve` as a real subprocess (tests/reward on PYTHONPATH for custom scorers)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]))
-    cmd = [sys.executable, "-m", "shared.cli", "reward", "serve", "--task", task,
+    cmd = [sys.executable, "-m", "launcher.cli", "reward", "serve", "--task", task,
            f"nats.servers=[{nats_url}]", "telemetry.metrics_port=-1", *overrides]
     return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 

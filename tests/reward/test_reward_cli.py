@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from shared.cli import build_app
+from launcher.cli import build_app
 
 
 def test_serve_with_an_unknown_task_and_no_scorer_exits_2_naming_the_field():

@@ -6,8 +6,8 @@ import json
 
 from typer.testing import CliRunner
 
+from launcher.cli import build_app
 from reward_service.offline import OfflineFields, score_file
-from shared.cli import build_app
 from shared.config import RewardConfig
 
 

@@ -123,7 +123,7 @@ def test_dumped_config_loads_back_to_the_same_config(tmp_path):
 def test_config_show_prints_the_resolved_config_and_fails_naming_the_field(tmp_path):
     path = write(tmp_path, YAML)
     env = {"PATH": "/usr/bin:/bin", "JETRL__STREAMS__REPLICAS": "5"}
-    code = "from shared.cli import main; main()"
+    code = "from launcher.cli import main; main()"
     ok = subprocess.run([sys.executable, "-c", code, "config", "show", "-c", str(path), "schedule.batch_size=7"],
                         capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0, ok.stderr

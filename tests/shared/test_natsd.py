@@ -67,7 +67,7 @@ def test_sigkilled_jetrl_nats_takes_its_server_down_so_a_restart_gets_the_port(t
     import time
 
     port = free_port()
-    argv = [sys.executable, "-m", "shared.cli", "nats", "--port", str(port), "--store-dir", str(tmp_path / "store")]
+    argv = [sys.executable, "-m", "launcher.cli", "nats", "--port", str(port), "--store-dir", str(tmp_path / "store")]
 
     def listening() -> bool:
         with socket.socket() as s:

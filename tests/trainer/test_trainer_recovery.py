@@ -8,7 +8,7 @@ import signal
 import pytest
 from trainer_testlib import make_group, publish_groups, start_trainer, steps, trainer_overrides, wait_for
 
-from trainer_service.publish import latest_announced
+from weight_store.announce import latest as latest_announced
 
 RUN = "rec"
 

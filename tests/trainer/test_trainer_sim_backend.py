@@ -28,7 +28,7 @@ def test_step_cost_is_base_plus_per_sample_plus_per_token():
     assert step_cost_s(SimTrainerConfig(step_base_s=0.0), samples=10, tokens=1000) == 0.0
 
 
-def test_simulated_step_sleeps_the_cost_keeps_the_weights_and_reports_real_step_keys():
+def test_sim_train_step_sleeps_the_cost_keeps_the_weights_and_reports_real_step_keys():
     cfg = JetrlConfig.model_validate({"trainer": {"backend": "sim", "device": "cpu",
                                                   "sim": {"step_base_s": 0.2, "s_per_token": 1e-3}}})
     backend = make_backend(cfg)

@@ -1,5 +1,5 @@
-"""The trainer's publisher (trainer_service/publish.py StorePublisher) against a live weight store and a
-real nats-server, when a publish is retried (the trainer retries while the store or NATS restarts):
+"""The trainer's publisher (trainer_service/publish.py StorePublisher, i.e.
+weight_store.client.WeightStoreClient.publish_version) against a live weight store and a real nats-server, when a publish is retried (the trainer retries while the store or NATS restarts):
 a retry whose first attempt already committed or announced finishes instead of failing, and a version
 committed but never announced by a trainer that died in between is reported as taken."""
 
@@ -11,13 +11,9 @@ import torch
 from transformers import PretrainedConfig
 
 from shared.config import JetrlConfig
-from trainer_service.publish import (
-    StorePublisher,
-    VersionConflictError,
-    VersionTakenError,
-    retryable_publish_error,
-)
-from weight_store.announce import latest
+from trainer_service.publish import StorePublisher, retryable_publish_error
+from weight_store.announce import VersionConflict, latest
+from weight_store.client import VersionTakenError
 from weight_store.transfer import TransferError, WeightStoreError
 
 RUN = "rp"
@@ -49,7 +45,7 @@ async def test_a_retried_publish_finishes_and_a_dead_trainers_unannounced_versio
     with pytest.raises(VersionTakenError, match="never announced"):
         await publish(pub, 2, "trainer-b", value=1.0)
     assert (await publish(pub, 3, "trainer-b", value=1.0)).version == 3
-    with pytest.raises(VersionConflictError):  # an older version than the announced one is still refused
+    with pytest.raises(VersionConflict):  # an older version than the announced one is still refused
         await publish(pub, 1, "trainer-c")
 
 
@@ -62,6 +58,6 @@ def test_only_outages_are_retried():
     assert retryable_publish_error(nats.errors.ConnectionClosedError())
     assert not retryable_publish_error(WeightStoreError(409, "too_many_versions", "full"))
     assert not retryable_publish_error(WeightStoreError(400, "bad_commit", "no files"))
-    assert not retryable_publish_error(VersionConflictError("v3 announced"))
+    assert not retryable_publish_error(VersionConflict(RUN, 2, 3))
     assert not retryable_publish_error(VersionTakenError("v2 in the store"))
     assert not retryable_publish_error(ValueError("a bug"))

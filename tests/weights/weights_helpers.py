@@ -62,7 +62,7 @@ class ThreadServer:
 
 
 class ProcServer:
-    """`python -m shared.cli weights serve ...` as a child process (SIGKILL-able, restartable)."""
+    """`python -m launcher.cli weights serve ...` as a child process (SIGKILL-able, restartable)."""
 
     def __init__(self, cfg: WeightStoreConfig):
         self.cfg = cfg
@@ -74,7 +74,7 @@ class ProcServer:
 
     def start(self) -> ProcServer:
         c = self.cfg
-        cmd = [sys.executable, "-m", "shared.cli", "weights", "serve", f"weights.root={c.root}",
+        cmd = [sys.executable, "-m", "launcher.cli", "weights", "serve", f"weights.root={c.root}",
                f"weights.port={c.port}", f"weights.token={c.token}", f"weights.keep_last={c.keep_last}",
                "telemetry.log_level=WARNING"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("JETRL__")}

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from shared.config import TrainerConfig
 from trainer_service.algorithms.losses import entropy_from_logits
-from trainer_service.packing import PackedBatch
+from trainer_service.packing import PackedBatch, TrainItem
 
 
 class TrainBackend(Protocol):
@@ -28,6 +30,9 @@ class TrainBackend(Protocol):
         """Clip the global grad norm (0 = off), optimizer + LR scheduler step; returns the norm before clipping."""
 
     def current_lr(self) -> float: ...
+    def train_step(self, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int) -> dict:
+        """One optimizer step over `items`; returns the step's statistics (step.train_step's keys)."""
+
     def all_reduce_max(self, n: int) -> int: ...
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor: ...
     def broadcast(self, obj: Any) -> Any:

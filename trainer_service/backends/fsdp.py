@@ -8,14 +8,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from collections.abc import Sequence
 
 import torch
 
-from shared.config import JetrlConfig
+from shared.config import JetrlConfig, TrainerConfig
 from shared.tinymodel import load_policy
-from trainer_service import checkpoint, varlen
+from trainer_service import checkpoint, step, varlen
 from trainer_service.backends.base import DistMixin, init_distributed, pick_device, token_logprobs
-from trainer_service.packing import PackedBatch
+from trainer_service.packing import PackedBatch, TrainItem
 from trainer_service.step import lr_lambda
 
 log = logging.getLogger("jetrl.trainer.fsdp")
@@ -113,6 +114,10 @@ class FSDPBackend(DistMixin):
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def train_step(self, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int) -> dict:
+        """One optimizer step over `items`: the shared step (trainer_service/step.py) on this backend."""
+        return step.train_step(self, items, cfg, norm_length)
 
     # --- weights and checkpoints ----------------------------------------------------------------
 

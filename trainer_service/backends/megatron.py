@@ -15,14 +15,15 @@ import contextlib
 import copy
 import logging
 import os
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from shared.config import JetrlConfig
+from shared.config import JetrlConfig, TrainerConfig
 from shared.natsd import free_port
 from shared.tinymodel import load_policy
-from trainer_service import checkpoint
+from trainer_service import checkpoint, step
 from trainer_service.backends.base import DistMixin, token_logprobs
 from trainer_service.backends.megatron_convert import (
     LayoutSpec,
@@ -31,7 +32,7 @@ from trainer_service.backends.megatron_convert import (
     rope_base,
     transformer_config_kwargs,
 )
-from trainer_service.packing import PackedBatch
+from trainer_service.packing import PackedBatch, TrainItem
 from trainer_service.step import lr_lambda
 
 log = logging.getLogger("jetrl.trainer.megatron")
@@ -163,6 +164,10 @@ class MegatronBackend(DistMixin):
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def train_step(self, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int) -> dict:
+        """One optimizer step over `items`: the shared step (trainer_service/step.py) on this backend."""
+        return step.train_step(self, items, cfg, norm_length)
 
     def hf_config(self):
         return self._hf_config

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from shared.config.trainer import SimTrainerConfig
+from shared.config.trainer import SimTrainerConfig, TrainerConfig
 from trainer_service.backends.fsdp import FSDPBackend
 from trainer_service.packing import TrainItem
 
@@ -27,9 +27,11 @@ def step_cost_s(o: SimTrainerConfig, samples: int, tokens: int) -> float:
 
 
 class SimBackend(FSDPBackend):
-    """The FSDP backend's weights, checkpoints and publishing; `simulated_step` instead of `train_step`."""
+    """The FSDP backend's weights, checkpoints and publishing; its `train_step` is the step-cost model."""
 
-    def simulated_step(self, items: Sequence[TrainItem]) -> dict:
+    def train_step(self, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int) -> dict:
+        """Sleep what the step would take on a GPU (trainer.sim of the backend's config; `cfg` and
+        `norm_length`, which shape the real step's loss, are not used)."""
         o = self.cfg.trainer.sim
         t0 = time.perf_counter()
         tokens = sum(it.length for it in items)

@@ -6,11 +6,12 @@
 The run dir gets `config.yaml`, the *resolved* config every child reads: free ports for NATS, the
 controller and the weight store, and the state paths the config leaves at their defaults (database,
 datasets, weights, checkpoints) moved inside the run dir. Children are ordinary `jetrl <service>`
-processes (`python -m shared.cli ...`), so what runs here is exactly what runs on separate hosts.
+processes (`python -m launcher.cli ...`), so what runs here is exactly what runs on separate hosts.
 Logs: prefixed on the terminal and in `<run dir>/logs/<name>.log`. Crashed children restart with
-back-off (controller/supervisor.py), until one fails `launch.crash_loop_restarts` times within
-`launch.crash_loop_window_s`: then the run stops with that child's last log lines. A config that cannot run
-on this host (controller/preflight.py: cuda without a GPU, ...) fails before anything starts. Ctrl-C stops them in reverse order (trainer and rollouts first, so
+back-off (launcher/supervisor.py), until one fails `launch.crash_loop_restarts` times within
+`launch.crash_loop_window_s`: then the run stops with that child's last log lines. A config that cannot
+run on this host (launcher/preflight.py: cuda without a GPU, ...) fails before anything starts. Ctrl-C
+stops them in reverse order (trainer and rollouts first, so
 in-flight work is acked or left for redelivery, then NATS last).
 """
 
@@ -26,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.supervisor import ProcessSpec, Supervisor
+from launcher.supervisor import ProcessSpec, Supervisor
 from shared.config import JetrlConfig, dump_config
 from shared.natsd import free_port
 
-CHILD = [sys.executable, "-m", "shared.cli"]
+CHILD = [sys.executable, "-m", "launcher.cli"]
 TORCH_CHILDREN = ("rollout", "trainer", "eval")
 
 
@@ -124,7 +125,7 @@ def _threads_env(n_torch: int) -> dict[str, str]:
 
 def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[ProcessSpec]:
     """Every child process of the run, in start order."""
-    from rollout_service.evaluate import eval_config
+    from rollout_service.evaluation.session import eval_config
 
     f = str(config_file)
     specs: list[ProcessSpec] = []
@@ -369,8 +370,8 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
     from rich.console import Console
     from rich.live import Live
 
-    from controller.preflight import preflight
-    from controller.up_status import render
+    from launcher.preflight import preflight
+    from launcher.up_status import render
 
     console = Console()
     problems = preflight(cfg)

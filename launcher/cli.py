@@ -1,5 +1,6 @@
-"""The `jetrl` command. Each service adds its own subcommands from its `cli.py` (`register(app)`),
-so this file only knows the list of services; `jetrl nats` and `jetrl config` live here."""
+"""The `jetrl` command (entry point `launcher.cli:main`). Each service adds its own subcommands from its
+`cli.py` (`register(app)`), so this file only knows the list of services; `jetrl nats`, `jetrl config`
+and `jetrl model` live here."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SERVICE_CLIS = [
     "rollout_service.cli",  # jetrl rollout
     "trainer_service.cli",  # jetrl trainer
     "controller.cli",  # jetrl controller, enqueue, status
-    "controller.launch_cli",  # jetrl up, demo, eval
+    "launcher.launch_cli",  # jetrl up, demo, eval
 ]
 
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)

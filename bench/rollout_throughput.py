@@ -1,7 +1,7 @@
 """Rollout service overhead: prompt tasks -> trajectory groups through the real service (durable consumer,
 publish + ack, events) vs the same sim engine and workflow called directly, 32 tasks at once, one run.
 
-    python bench/rollout_service.py [--prompts 256] [--concurrency 32] [--group-size 4]
+    python -m bench.rollout_throughput [--prompts 256] [--concurrency 32] [--group-size 4]
 
 Both sides score through the same real reward service (embedded nats-server). Last line:
 `rollout_service_ratio: X` = service groups/s / direct groups/s (target >= 0.9).

@@ -1,6 +1,6 @@
 """The fault scenario of issue 10, shared by tests/fault/ and `python -m bench.fault_recovery`.
 
-One real `jetrl up` run (controller.up.Launcher: embedded nats-server, SQLite, the local engine, the
+One real `jetrl up` run (launcher.up.Launcher: embedded nats-server, SQLite, the local engine, the
 tiny demo policy on maxdigit) in which each service is SIGKILLed once, one at a time, while work flows:
 a rollout worker, the reward service, the trainer (it resumes from its checkpoint), the weight store, the
 controller and the nats-server (restarted by the supervisor on its port and store dir). Then undecodable
@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from controller.demo import demo_settings
-from controller.demo_task import make_rows, write_jsonl
-from controller.up import Launcher, UpOptions
+from launcher.demo import demo_settings
+from launcher.demo_task import make_rows, write_jsonl
+from launcher.up import Launcher, UpOptions
 from shared import bus, codec, subjects
 from shared.config import JetrlConfig, NatsConfig, load_config
 from shared.messages import WeightVersion

@@ -26,7 +26,7 @@ def up_cmd(
 ) -> None:
     """Start NATS, controller, weight store, reward, rollout workers, trainer (and eval) as supervised
     processes; live status until Ctrl-C (or until the trainer finished schedule.total_steps)."""
-    from controller.up import UpOptions, dry_run_text, up_main
+    from launcher.up import UpOptions, dry_run_text, up_main
 
     cfg = load_or_exit(config, overrides)
     if dataset and not Path(dataset).is_file():
@@ -55,7 +55,7 @@ def demo_cmd(
 ) -> None:
     """Asynchronous RL that visibly learns on a laptop: a tiny model learns `maxdigit` ("max 3 8 1 5 2 ="
     -> "8") from chance to >= 0.9 held-out reward; summary.json and plots in --out."""
-    from controller.demo import DemoOptions, demo_main
+    from launcher.demo import DemoOptions, demo_main
 
     if engine not in ("local", "vllm"):
         typer.secho(f"--engine {engine!r}: use local or vllm", fg="red", err=True)
@@ -89,7 +89,8 @@ def eval_cmd(
     import json
     import signal
 
-    from rollout_service.evaluate import EvalError, eval_config, eval_follow, eval_once
+    from rollout_service.evaluation.follow import eval_follow
+    from rollout_service.evaluation.session import EvalError, eval_config, eval_once
     from shared.config.eval import EvalConfig
     from shared.telemetry import setup_logging
 
@@ -115,7 +116,7 @@ def eval_cmd(
         typer.secho("no held-out set: pass --dataset FILE (or set eval.dataset)", fg="red", err=True)
         raise typer.Exit(2)
     try:
-        from rollout_service.evaluate import read_rows
+        from rollout_service.evaluation.rows import read_rows
 
         read_rows(ecfg.dataset, ecfg)
     except ValueError as exc:

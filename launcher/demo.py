@@ -1,10 +1,10 @@
 """`jetrl demo`: `jetrl up` with the embedded defaults, on a task a tiny model learns in minutes.
 
 Embedded NATS, SQLite, the local engine, the tiny policy (2 layers, hidden 64, built from the config),
-and the `maxdigit` task (controller/demo_task.py): "max 3 8 1 5 2 =" -> "8". The training set is
+and the `maxdigit` task (launcher/demo_task.py): "max 3 8 1 5 2 =" -> "8". The training set is
 enqueued over the REST API like any dataset; the eval process scores the held-out set every
 `--eval-every` versions; at the end the demo evaluates version 0 and the final version (if the eval
-process has not already), then writes summary.json, plots and a table (controller/demo_report.py).
+process has not already), then writes summary.json, plots and a table (launcher/demo_report.py).
 
 Settings measured on this model and task (GRPO, std-normalised): one answer token
 (max_new_tokens = 1), lr 1e-3 with cosine decay to 1e-4, group size 8, 16 prompts per step ->
@@ -24,13 +24,11 @@ from pathlib import Path
 
 import yaml
 
-from controller.demo_task import write_dataset
-from controller.up import Launcher, UpOptions, child_config
+from launcher.demo_task import write_dataset
+from launcher.up import Launcher, UpOptions, child_config
 from shared.config import JetrlConfig, load_config
 
 log = logging.getLogger("jetrl.demo")
-
-TARGET = 0.9  # the learning bar: held-out reward from chance to >= 0.9
 
 
 def demo_settings(run: str = "demo", max_staleness: int = 4, steps: int = 500, seed: int = 0) -> dict:
@@ -95,7 +93,7 @@ def build_config(opts: DemoOptions, run: str, state_dir: Path) -> JetrlConfig:
 
 async def _final_eval(launcher: Launcher, heldout: Path, version: int):
     """Evaluate one version in this process (local engine, greedy) and publish it like the eval process."""
-    from rollout_service.evaluate import eval_config, eval_once
+    from rollout_service.evaluation.session import eval_config, eval_once
 
     cfg = child_config(launcher.resolved)
     cfg.rollout.engine = "local"
@@ -117,8 +115,8 @@ async def demo_main(opts: DemoOptions) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from controller.demo_report import summarise_run, summary_table, write_outputs
-    from controller.up_status import render
+    from launcher.demo_report import summarise_run, summary_table, write_outputs
+    from launcher.up_status import render
 
     console = Console()
     out = opts.out.resolve()

@@ -1,0 +1,69 @@
+"""The evaluator: generate and score held-out prompts with one engine and one reward client (the NATS
+RewardClient or the in-process LocalRewardClient: same `score`), swapping versions in from the weight
+store (version 0 = the engine's initial weights, which are the trainer's version 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rollout_service.engines.base import Engine, GenerateRequest, SamplingParams
+from rollout_service.evaluation.passk import EvalResult, summarise
+from rollout_service.workflows.base import WorkflowContext
+from shared.config import JetrlConfig
+from shared.config.eval import EvalConfig
+
+
+class Evaluator:
+    """Generate and score held-out prompts with one engine; swap versions in with `load`."""
+
+    def __init__(self, cfg: JetrlConfig, ecfg: EvalConfig, engine: Engine, tokenizer, reward, weights=None):
+        self.cfg, self.ecfg = cfg, ecfg
+        self.engine, self.reward, self.weights = engine, reward, weights
+        self.ctx = WorkflowContext(engine=engine, tokenizer=tokenizer, reward=reward, tools=None, cfg=cfg)
+
+    def sampling(self, index: int) -> SamplingParams:
+        s = self.cfg.rollout.sampling
+        greedy = self.ecfg.greedy
+        return SamplingParams(
+            temperature=0.0 if greedy else self.ecfg.temperature,
+            top_p=1.0 if greedy else s.top_p,
+            top_k=0 if greedy else s.top_k,
+            max_new_tokens=self.ecfg.max_new_tokens or s.max_new_tokens,
+            stop=list(s.stop), stop_token_ids=list(s.stop_token_ids),
+            seed=None if greedy else self.ecfg.seed + index,
+        )
+
+    async def load(self, version: int) -> None:
+        """Put `version` into the engine (fetched from the weight store unless it is already there)."""
+        if version == self.engine.version:
+            return
+        if self.weights is None:
+            raise ValueError(f"version {version}: no weight store client to fetch it with")
+        path = await self.weights.fetch(self.cfg.run, version)
+        await self.engine.update_weights(version, path=str(path))
+
+    async def _one(self, payload: dict, sem: asyncio.Semaphore) -> tuple[list[float], int, list[str]]:
+        async with sem:
+            prompt = self.ctx.render_prompt(payload)
+            outs = await asyncio.gather(*(self.engine.generate(GenerateRequest(prompt_ids=prompt, sampling=self.sampling(i)))
+                                          for i in range(self.ecfg.samples)))
+            texts = [self.ctx.decode(o.output_ids) for o in outs]
+            rr = await self.reward.score(self.cfg.reward.task, texts, payload.get("reference"), payload=payload,
+                                         completion_ids=[o.output_ids for o in outs])
+            if rr.error:
+                raise RuntimeError(f"reward task {self.cfg.reward.task!r}: {rr.error}")
+            errors = sum(1 for e in (rr.errors or []) if e)
+            return [float(x) for x in rr.rewards], errors, texts
+
+    async def evaluate(self, rows: list[dict], dataset: str = "") -> EvalResult:
+        version = self.engine.version
+        t0 = time.monotonic()
+        sem = asyncio.Semaphore(self.ecfg.concurrency)
+        results = await asyncio.gather(*(self._one(r, sem) for r in rows))
+        if self.engine.version != version:
+            raise RuntimeError(f"the engine changed version during evaluation ({version} -> {self.engine.version})")
+        result = summarise(version, [r for r, _, _ in results], self.ecfg.success_reward,
+                           errors=sum(e for _, e, _ in results), dataset=dataset, seconds=time.monotonic() - t0)
+        result.completions = [t for _, _, t in results]
+        return result
