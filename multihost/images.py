@@ -58,7 +58,9 @@ def daemon_up(env: dict | None = None) -> bool:
 
 class PrivateDockerd:
     """A dockerd of our own (root only): data root in the cache (images persist), exec root and socket
-    in a temp dir; `env` points the docker CLI and Compose at it. `stop()` ends it."""
+    in a temp dir, its own default bridge in 10.219.251.0/24 and no iptables rules (containers need no
+    way out; names resolve through Docker's embedded DNS all the same); `env` points the docker CLI and
+    Compose at it. `stop()` ends it and removes the bridge."""
 
     def __init__(self, data_root: Path | None = None):
         self.data_root = data_root or CACHE / "docker"
@@ -66,16 +68,22 @@ class PrivateDockerd:
         self.sock = self.tmp / "docker.sock"
         self.env = {"DOCKER_HOST": f"unix://{self.sock}"}
         self.proc: subprocess.Popen | None = None
+        self.bridge = ""
 
     def start(self, timeout_s: float = 90) -> PrivateDockerd:
         if shutil.which("dockerd") is None:
             raise FileNotFoundError("dockerd is not installed (Debian: apt-get install docker.io)")
         self.data_root.mkdir(parents=True, exist_ok=True)
+        # our own default bridge (removed in stop()), in the range the multi-host harness owns
+        self.bridge = f"jrldock{os.getpid() % 100000}"
+        subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True, capture_output=True)
+        subprocess.run(["ip", "addr", "add", "10.219.251.1/24", "dev", self.bridge], check=True, capture_output=True)
+        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True, capture_output=True)
         log = open(self.tmp / "dockerd.log", "ab")
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", str(self.data_root), "--exec-root", str(self.tmp / "exec"),
              "--pidfile", str(self.tmp / "dockerd.pid"), "-H", f"unix://{self.sock}",
-             "--bip", "10.219.251.1/24", "--iptables=false", "--ip-masq=false"],
+             "--bridge", self.bridge, "--iptables=false", "--ip-masq=false"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout_s
@@ -103,6 +111,9 @@ class PrivateDockerd:
         self.proc = None
         with contextlib.suppress(OSError):
             subprocess.run(["umount", "-R", str(self.tmp / "exec")], capture_output=True)
+        if self.bridge:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+            self.bridge = ""
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
