@@ -13,8 +13,10 @@ Layout (nothing but one veth touches the caller's namespace):
     runner     the caller's namespace: veth <prefix> = 10.219.N.1/24, so tests reach every host
 
 The harness owns 10.219.0.0/16: one free /24 of 10.219.1-200 per instance (a lock file serialises
-the choice), so several harnesses can run at once; 10.219.250.0/24 is the compose test's network. Names carry the owner's pid: a harness whose owner died
-(SIGKILLed pytest) is swept by the next one (`sweep()`, also `python -m multihost sweep`).
+the choice), so several harnesses can run at once; 10.219.250.0/24 is the compose test's network and
+10.219.251.0/24 the default bridge of a private dockerd (multihost/images.py). Names carry the
+owner's pid: a harness whose owner died (SIGKILLed pytest) is swept by the next one (`sweep()`, also
+`python -m multihost sweep`).
 
 Cutting a link sets the host's bridge port down: the host keeps its address and its processes run on,
 but nothing crosses the bridge (packets are dropped, TCP retransmits), as with a pulled cable. Needs
