@@ -68,3 +68,15 @@ def test_a_context_manager_cleans_up_when_the_body_raises(hostnet):
         net.spawn("p", ["sleep", "300"])
         raise RuntimeError("boom")
     assert _ours(prefix) == []
+
+
+def test_sweep_removes_the_hosts_of_a_harness_whose_owner_died(hostnet):
+    from multihost.netns import sweep
+
+    hostnet([])  # skips / fails like the others where namespaces cannot be made
+    dead = 4_000_000 + 7  # above pid_max: no such process
+    ns, dev = f"jrl{dead}x1-a", f"jrl{dead}x1"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    subprocess.run(["ip", "link", "add", dev, "type", "veth", "peer", "name", f"{dev}p"], check=True)
+    removed = sweep()
+    assert ns in removed and dev in removed and _ours(f"jrl{dead}x1") == []
