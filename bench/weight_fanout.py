@@ -41,7 +41,8 @@ def _cp_parallel(files: list[Path], dests: list[Path]) -> tuple[float, list[floa
     return total, each
 
 
-def _fetch_on_hosts(net, hosts: list[str], url: str, version: int, work: Path) -> tuple[float, dict[str, float]]:
+def _fetch_on_hosts(net, hosts: list[str], url: str, version: int, work: Path,
+                    verify: bool = True) -> tuple[float, dict[str, float]]:
     """Every host fetches `version` at once (a start file releases them together); (total, per host)."""
     go = work / "go"
     go.unlink(missing_ok=True)
@@ -50,7 +51,8 @@ def _fetch_on_hosts(net, hosts: list[str], url: str, version: int, work: Path) -
         out = work / f"fetch-{h}.json"
         out.unlink(missing_ok=True)
         procs[h] = net.spawn(h, [sys.executable, "-m", "bench.weight_fanout", "fetch", url, str(version),
-                                 str(work / f"cache-{h}"), str(go), str(out)], log=work / f"fetch-{h}.log",
+                                 str(work / f"cache-{h}"), str(go), str(out), str(int(verify))],
+                             log=work / f"fetch-{h}.log",
                              cwd=REPO, env={"PYTHONPATH": str(REPO)})
     time.sleep(3.0)  # interpreters started and waiting on the start file
     os.sync()
@@ -98,6 +100,7 @@ def run(gib: float, work_dir: str | None = None) -> float:
             cp4, cp4_each = _cp_parallel(files, [work / f"cp-{i}" for i in range(4)])
             f1, f1_each = _fetch_on_hosts(net, workers[:1], url, version, work)
             f4, f4_each = _fetch_on_hosts(net, workers, url, version, work)
+            f4n, f4n_each = _fetch_on_hosts(net, workers, url, version, work, verify=False)
         gb = nbytes / 1e9
         print(f"1 cp            {cp1:7.3f} s  {gb / cp1:5.2f} GB/s")
         print(f"4 parallel cp   {cp4:7.3f} s  {4 * gb / cp4:5.2f} GB/s in all; each "
@@ -105,7 +108,10 @@ def run(gib: float, work_dir: str | None = None) -> float:
         print(f"1 host fetch    {f1:7.3f} s  {gb / f1:5.2f} GB/s ({', '.join(f'{h} {t:.2f} s' for h, t in f1_each.items())})")
         print(f"4 hosts fetch   {f4:7.3f} s  {4 * gb / f4:5.2f} GB/s in all; "
               + ", ".join(f"{h} {t:.2f} s" for h, t in f4_each.items()))
+        print(f"4 hosts, no sha256 {f4n:7.3f} s  {4 * gb / f4n:5.2f} GB/s in all (weights.verify_sha256=false); "
+              + ", ".join(f"{h} {t:.2f} s" for h, t in f4n_each.items()))
         print(f"weight_fanout_ratio_1: {f1 / cp1:.2f} (1 host fetch / 1 cp)")
+        print(f"weight_fanout_ratio_no_sha256: {f4n / cp4:.2f} (4 hosts without the sha256 check / 4 parallel cp)")
         ratio = f4 / cp4
         print(f"weight_fanout_ratio: {ratio:.2f} (target <= 1.5)")
         return ratio
@@ -113,11 +119,11 @@ def run(gib: float, work_dir: str | None = None) -> float:
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def _fetch_one(url: str, version: int, cache: str, go: str, out: str) -> None:
+async def _fetch_one(url: str, version: int, cache: str, go: str, out: str, verify: bool) -> None:
     from shared.config import WeightStoreConfig
     from weight_store.client import WeightStoreClient
 
-    client = WeightStoreClient(WeightStoreConfig(url=url, shared_fs=False, cache_dir=cache))
+    client = WeightStoreClient(WeightStoreConfig(url=url, shared_fs=False, cache_dir=cache, verify_sha256=verify))
     while not Path(go).exists():
         await asyncio.sleep(0.005)
     start = time.time()
@@ -129,7 +135,7 @@ async def _fetch_one(url: str, version: int, cache: str, go: str, out: str) -> N
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["fetch"]:
-        url, version, cache, go, out = sys.argv[2:7]
-        asyncio.run(_fetch_one(url, int(version), cache, go, out))
+        url, version, cache, go, out, verify = sys.argv[2:8]
+        asyncio.run(_fetch_one(url, int(version), cache, go, out, verify == "1"))
     else:
         run(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0)
