@@ -188,6 +188,11 @@ class SpreadScenario(FaultScenario):
                 return e["time"]
         return None
 
+    async def _health_of(self, instance: str, after: float) -> float | None:
+        h = await self._api("/v1/health")
+        seen = [x["last_seen"] for x in h.get("services", []) if x["instance"] == instance and x["last_seen"] > after]
+        return min(seen) if seen else None
+
     async def _end(self, out: FaultOutcome) -> FaultOutcome:
         self.outcomes.append(out)
         self._mark_step = await self._retry(self._last_step, "reading the trainer's step")
@@ -210,7 +215,8 @@ class SpreadScenario(FaultScenario):
 
     async def cut_link(self, host: str = "d") -> FaultOutcome:
         """Pull host's cable for cut_s seconds; the other host's workers carry on; then plug it back and
-        wait until its worker publishes again."""
+        wait until its worker reports again. Its unacked prompts were redelivered meanwhile; groups it
+        finishes late are duplicates the trainer drops (the final audit finds none trained twice)."""
         t0, in_flight, step = await self._begin("cut-link")
         self.net.cut(host)
         try:
@@ -220,9 +226,11 @@ class SpreadScenario(FaultScenario):
         finally:
             self.net.restore(host)
         t_restored = time.time()
-        t_pub = await self._until(lambda: self._published_by(f"spread-rollout-{host}", t_restored),
-                                  f"host {host}'s worker to publish again after the link came back")
-        return await self._end(FaultOutcome("cut-link", t0, back_s=t_pub - t0, progress_s=t_progress - t0,
+        # back: its worker's health events reach the controller again (it may find no prompts left to
+        # work on: the other host took the slice while it was away)
+        t_back = await self._until(lambda: self._health_of(f"spread-rollout-{host}", t_restored),
+                                   f"host {host}'s worker to report again after the link came back")
+        return await self._end(FaultOutcome("cut-link", t0, back_s=t_back - t0, progress_s=t_progress - t0,
                                             progress=f"trainer steps without host {host}",
                                             in_flight_at_kill=in_flight,
                                             note=f"link down {t_restored - t0:.1f}s"))
@@ -244,12 +252,8 @@ class SpreadScenario(FaultScenario):
         self.net.add_host(host)
         self.rollout(host)
 
-        async def healthy() -> bool:
-            h = await self._api("/v1/health")
-            return any(s["instance"] == f"spread-rollout-{host}" and s["last_seen"] > t0
-                       for s in h.get("services", []))
-
-        await self._until(healthy, f"the worker on the new host {host} to report healthy")
+        await self._until(lambda: self._health_of(f"spread-rollout-{host}", t0),
+                          f"the worker on the new host {host} to report healthy")
         in_flight = [g for g, _ in self._ledger_rows(IN_FLIGHT_STATES)]
         await self.next_slice()
         t_pub = await self._until(lambda: self._published_by(f"spread-rollout-{host}", t0),
