@@ -2,6 +2,8 @@
 
     python bench/weight_sync.py            # 1 GiB bf16 state dict
     python bench/weight_sync.py --gib 0.25 --repeats 2
+    python -m bench.weight_sync --cross-host   # the store on another (namespace) host, 1 and 4 fetching
+                                               # hosts vs 1 and 4 parallel cp (bench/weight_fanout.py; root)
 
 (a) publish: state dict in memory -> committed version over HTTP   vs  safetensors.save_file
 (b) fetch over HTTP: store -> a reader's local dir (sha256 checked) vs  cp of the same files
@@ -51,24 +53,37 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def start_service(root: Path, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launcher.cli", "weights", "serve", f"weights.root={root}", f"weights.port={port}",
-           f"weights.token={TOKEN}", "telemetry.log_level=WARNING"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
+TOKEN = "bench-weights-token"
+
+
+def start_service_argv(root: Path, port: int, host: str = "127.0.0.1") -> list[str]:
+    return [sys.executable, "-m", "launcher.cli", "weights", "serve", f"weights.root={root}", f"weights.port={port}",
+            f"weights.host={host}", f"weights.token={TOKEN}", "telemetry.log_level=WARNING",
+            "telemetry.metrics_port=-1"]
+
+
+def wait_http(url: str, timeout_s: float, log: Path | None = None, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).read()
-            return proc
+            urllib.request.urlopen(url, timeout=1).read()
+            return
         except OSError:
-            if proc.poll() is not None:
+            if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"weight store exited: {proc.stderr.read().decode()[-2000:]}") from None
             time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("weight store did not start")
+    tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+    raise TimeoutError(f"{url} did not answer in {timeout_s:.0f}s {tail}")
 
 
-TOKEN = "bench-weights-token"
+def start_service(root: Path, port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(start_service_argv(root, port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", 60, proc=proc)
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc
 
 
 def best(times: list[float]) -> float:
@@ -195,4 +210,12 @@ if __name__ == "__main__":
     ap.add_argument("--gib", type=float, default=1.0, help="Size of the bf16 state dict in GiB.")
     ap.add_argument("--repeats", type=int, default=3, help="Runs of each step; the best is reported.")
     ap.add_argument("--dir", default=None, help="Where temporary files go (default: the system temp dir).")
-    asyncio.run(main(ap.parse_args()))
+    ap.add_argument("--cross-host", action="store_true",
+                    help="The fan-out across namespace hosts instead (bench/weight_fanout.py; needs root).")
+    args = ap.parse_args()
+    if args.cross_host:
+        from bench.weight_fanout import run
+
+        run(args.gib, args.dir)
+    else:
+        asyncio.run(main(args))

@@ -64,10 +64,17 @@ def nats_cmd(
     token_file: str = typer.Option("", help="File holding a token clients must send (or JETRL_NATS_TOKEN)."),
     insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth",
                                           help="Accept anonymous clients (logged as a warning)."),
+    monitor_port: int = typer.Option(0, help="HTTP monitoring port (/healthz, /jsz); 0 = a free port."),
+    server_name: str = typer.Option("", help="This node's name, unique in a cluster (required with --cluster)."),
+    cluster: str = typer.Option("", help="Cluster routes, comma-separated, every node's own included: "
+                                "nats://n1:6222,nats://n2:6222,nats://n3:6222 (docs/deploy.md)."),
+    cluster_listen: str = typer.Option("", help="Route listen address (default HOST:6222 with --cluster)."),
+    cluster_name: str = typer.Option("jetrl", help="Cluster name (the same on every node)."),
 ) -> None:
-    """Run the embedded nats-server (JetStream on) in the foreground until Ctrl-C. Clients must
-    authenticate (user + password, or a token) unless --insecure-no-auth; secrets come from files or the
-    environment, never from the command line (anyone on the host can read it in `ps`)."""
+    """Run the embedded nats-server (JetStream on) in the foreground until Ctrl-C; with --cluster, one node
+    of a JetStream cluster (services then list every node in nats.servers and set streams.replicas: 3).
+    Clients must authenticate (user + password, or a token) unless --insecure-no-auth; secrets come from
+    files or the environment, never from the command line (anyone on the host can read it in `ps`)."""
     import os
 
     from shared.auth import AuthConfigError
@@ -75,13 +82,16 @@ def nats_cmd(
     from shared.credentials import SecretFileError
     from shared.natsd import embedded_from_config
 
+    routes = [r.strip() for r in cluster.split(",") if r.strip()]
     try:
         ncfg = NatsConfig(user=user, password_file=password_file, token_file=token_file,
                           password="" if password_file else os.environ.get("JETRL_NATS_PASSWORD", ""),
                           token="" if token_file else os.environ.get("JETRL_NATS_TOKEN", ""),
                           insecure_no_auth=insecure_no_auth, max_payload=max_payload_mb * 1024 * 1024,
                           sync_interval=sync_interval, port=port)
-        srv = embedded_from_config(ncfg, store_dir, host=host, port=port, die_with_parent=True)
+        srv = embedded_from_config(ncfg, store_dir, host=host, port=port, die_with_parent=True,
+                                   monitor_port=monitor_port, server_name=server_name, cluster_name=cluster_name,
+                                   cluster_listen=cluster_listen, routes=routes)
     except (AuthConfigError, SecretFileError, ValueError) as exc:
         typer.secho(f"jetrl nats: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

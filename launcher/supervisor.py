@@ -1,6 +1,10 @@
 """Supervise jetrl services as child processes: prefixed, colourised logs (also written to files in
 the run dir), restart of a crashed child with exponential back-off, clean shutdown in reverse order.
 
+A crash loop ends the run instead of restarting for ever: a child that exits with an error
+`crash_loop_restarts` times within `crash_loop_window_s` is not restarted again, and `failure` (awaited by
+`wait_failure()`) names it with its last log lines, so `jetrl up` can stop with that error.
+
 Used by `jetrl up` / `jetrl demo`. Children are ordinary `jetrl <service>` processes, so what runs here
 is exactly what runs on separate hosts or in containers.
 """
@@ -8,6 +12,7 @@ is exactly what runs on separate hosts or in containers.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -39,11 +44,31 @@ class ChildState:
     started_at: float = 0.0
     ready: bool = False
     finished: bool = False  # exited 0 and is not restarted
+    failures: collections.deque = field(default_factory=collections.deque)  # monotonic times of error exits
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))  # last output lines
+    crash_loop: bool = False  # gave up on it
+
+
+@dataclass
+class CrashLoop:
+    """A child that kept failing: the run cannot go on."""
+
+    name: str
+    failures: int
+    window_s: float
+    last_exit: int | None
+    lines: list[str]
+
+    def message(self) -> str:
+        head = (f"{self.name} failed {self.failures} times within {self.window_s:.0f}s (last exit code "
+                f"{self.last_exit}); not restarting it. Its last log lines:")
+        return "\n".join([head, *("  " + line for line in self.lines)])
 
 
 class Supervisor:
     def __init__(self, specs: list[ProcessSpec], run_dir: str | os.PathLike, console=None,
-                 max_backoff_s: float = 30.0, echo: bool = True):
+                 max_backoff_s: float = 30.0, echo: bool = True, crash_loop_restarts: int = 5,
+                 crash_loop_window_s: float = 300.0, error_lines: int = 20):
         self.children = {s.name: ChildState(s) for s in specs}
         self.order = [s.name for s in specs]
         self.log_dir = Path(run_dir) / "logs"
@@ -51,6 +76,10 @@ class Supervisor:
         self.console = console
         self.max_backoff_s = max_backoff_s
         self.echo = echo
+        self.crash_loop_restarts, self.crash_loop_window_s = crash_loop_restarts, crash_loop_window_s
+        self.error_lines = error_lines
+        self.failure: CrashLoop | None = None
+        self._failed = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
 
@@ -95,6 +124,8 @@ class Supervisor:
                 if not child.spec.restart:
                     self._say(child.spec.name, f"exited with {code}; not restarted")
                     break
+                if self._crash_looping(child):
+                    break
                 if time.monotonic() - child.started_at > 60:
                     backoff = 1.0  # it ran a while: a fresh failure, not a crash loop
                 child.restarts += 1
@@ -112,10 +143,35 @@ class Supervisor:
                 return
             text = line.decode(errors="replace").rstrip()
             logf.write(text + "\n")
+            child.tail.append(text)
             if child.spec.ready_line and child.spec.ready_line in text:
                 child.ready = True
             if self.echo:
                 self._say(child.spec.name, text)
+
+    def _crash_looping(self, child: ChildState) -> bool:
+        """Record an error exit; True (and `failure` set) once the child failed too often too fast."""
+        now = time.monotonic()
+        child.failures.append(now)
+        while child.failures and now - child.failures[0] > self.crash_loop_window_s:
+            child.failures.popleft()
+        if len(child.failures) < self.crash_loop_restarts:
+            return False
+        child.crash_loop = True
+        lines = [t for t in child.tail if t.strip()][-self.error_lines:]
+        if self.failure is None:
+            self.failure = CrashLoop(child.spec.name, len(child.failures), self.crash_loop_window_s,
+                                     child.last_exit, lines)
+            self._failed.set()
+        self._say(child.spec.name, f"exited with {child.last_exit}: {len(child.failures)} failures within "
+                                   f"{self.crash_loop_window_s:.0f}s, a crash loop; not restarting it")
+        return True
+
+    async def wait_failure(self) -> CrashLoop:
+        """Return when a child is given up as crash-looping."""
+        await self._failed.wait()
+        assert self.failure is not None
+        return self.failure
 
     def _say(self, name: str, text: str) -> None:
         if self.console is not None:
@@ -131,7 +187,8 @@ class Supervisor:
             c = self.children[name]
             running = c.proc is not None and c.proc.returncode is None
             out[name] = {"pid": c.proc.pid if c.proc else None, "running": running, "restarts": c.restarts,
-                         "last_exit": c.last_exit, "ready": c.ready, "finished": c.finished}
+                         "last_exit": c.last_exit, "ready": c.ready, "finished": c.finished,
+                         "crash_loop": c.crash_loop}
         return out
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

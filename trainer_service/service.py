@@ -305,6 +305,8 @@ def run(cfg: JetrlConfig, resume: bool = False) -> None:
     from trainer_service.backends import make_backend
 
     backend = make_backend(cfg)
+    log.info("rank %d of world size %d (node rank %s)", backend.rank, backend.world_size,
+             os.environ.get("GROUP_RANK", "0"))
     try:
         if backend.rank == 0:
             trainer = Trainer(cfg, backend)

@@ -13,6 +13,7 @@ from shared.config.base import Section
 from shared.config.common import ModelConfig, ScheduleConfig, TelemetryConfig
 from shared.config.controller import ControllerConfig
 from shared.config.eval import EvalConfig
+from shared.config.launch import LaunchConfig
 from shared.config.loader import ConfigError, dump_config, load_config, parse_override, safe_yaml_load
 from shared.config.nats import NatsConfig, StreamsConfig
 from shared.config.reward import RewardConfig
@@ -36,6 +37,7 @@ class JetrlConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
 
     @field_validator("run")
     @classmethod
@@ -50,6 +52,7 @@ __all__ = [
     "ControllerConfig",
     "EvalConfig",
     "JetrlConfig",
+    "LaunchConfig",
     "ModelConfig",
     "NatsConfig",
     "RewardConfig",

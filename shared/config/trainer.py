@@ -106,6 +106,23 @@ class TrainerConfig(Section):
         "model on the tiny model's real weights, for benchmarks; see trainer.sim).",
     )
     nproc: int = Field(1, ge=1, description="Processes (torchrun --nproc-per-node); >1 re-launches under torchrun.")
+    nnodes: int = Field(
+        1, ge=1,
+        description="Hosts the trainer spans (torchrun --nnodes). >1: run `jetrl trainer` on every node with its "
+        "node_rank and the same master_addr; world size = nnodes x nproc (docs/trainer.md, multi-node).",
+    )
+    node_rank: int = Field(0, ge=0, description="This host's rank among the trainer's nnodes (0 publishes weights).")
+    master_addr: str = Field(
+        "", description="Rendezvous host every node reaches (torchrun --rdzv-endpoint host): node 0's address. "
+        "Required when nnodes > 1."
+    )
+    master_port: int = Field(29400, ge=1, le=65535, description="Rendezvous port on master_addr (torchrun c10d).")
+    rdzv_backend: Literal["static", "c10d"] = Field(
+        "static",
+        description="Multi-node rendezvous: static = node_rank fixes the ranks (node 0 hosts the store and global "
+        "rank 0, which publishes); c10d = torchrun's elastic rendezvous (ranks in order of arrival, node_rank unused).",
+    )
+    rdzv_id: str = Field("", description="c10d rendezvous id shared by the nodes of one trainer ('' = the run id).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype: auto = float32 on CPU, bfloat16 (mixed precision) on GPU."
@@ -144,6 +161,14 @@ class TrainerConfig(Section):
         100_000, ge=1, description="Group ids remembered (and checkpointed) to drop re-published duplicates."
     )
     ack_wait_s: float = Field(60.0, gt=0, description="Ack wait of the trajectory consumer.")
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> TrainerConfig:
+        if self.nnodes > 1 and not self.master_addr:
+            raise ValueError("trainer.master_addr: required when trainer.nnodes > 1 (node 0's address)")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"trainer.node_rank: {self.node_rank} must be below trainer.nnodes ({self.nnodes})")
+        return self
 
     @model_validator(mode="after")
     def _apply_lr_shortcut(self) -> TrainerConfig:

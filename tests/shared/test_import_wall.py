@@ -2,7 +2,7 @@
 through that service's client modules, shared/ imports (or names, as a module path) no service at all,
 and nothing but the launcher imports the launcher. Every .py file of every service package and of shared/ is parsed (ast), so
 imports inside functions count too, and so do `importlib.import_module("...")` calls with a literal name.
-launcher/, bench/, tests/ and examples/ may import anything."""
+launcher/, bench/, multihost/, tests/ and examples/ may import anything."""
 
 from __future__ import annotations
 

@@ -1,0 +1,75 @@
+"""Three `jetrl nats --cluster` nodes on three hosts: the jetrl streams and the weights KV bucket are
+created with three replicas, and killing every process on the host of the PROMPTS stream leader loses no
+acknowledged message; the node comes back on its store dir and catches up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from multihost.cluster import NatsCluster
+from shared import bus, subjects
+from shared.config import NatsConfig, StreamsConfig
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def test_r3_streams_and_kv_survive_the_loss_of_the_stream_leaders_host(hostnet, tmp_path):
+    net = hostnet(["n1", "n2", "n3"])
+    cluster = NatsCluster(net, {"n1": "n1", "n2": "n2", "n3": "n3"}, tmp_path / "nats").start_all()
+    nc = await bus.connect(NatsConfig(servers=cluster.urls, reconnect_wait_s=0.1, max_reconnect_wait_s=0.5),
+                           name="cluster-test")
+    try:
+        js = nc.jetstream()
+        created = await bus.ensure_streams(js, StreamsConfig(replicas=3, duplicate_window_s=120))
+        assert set(created.values()) == {"created"}
+        for name in created:
+            info = await js.stream_info(name)
+            assert info.config.num_replicas == 3
+            assert info.cluster.leader and len(info.cluster.replicas) == 2, name
+        kv = await js.stream_info(f"KV_{subjects.WEIGHTS_KV_BUCKET}")
+        assert kv.config.num_replicas == 3
+        # services list all three seeds: ensure_streams again is a no-op
+        assert set((await bus.ensure_streams(js, StreamsConfig(replicas=3, duplicate_window_s=120))).values()) == {
+            "unchanged"}
+
+        subject = subjects.prompts("clu")
+        for i in range(50):
+            await js.publish(subject, f"m{i}".encode(), headers={"Nats-Msg-Id": f"m{i}"}, timeout=10)
+        leader = (await js.stream_info(subjects.PROMPTS_STREAM)).cluster.leader
+        net.kill_all(cluster.nodes[leader])  # the leader's host dies with everything on it
+
+        async def publish_more() -> None:
+            for i in range(50, 100):
+                for _ in range(100):  # a new leader is elected within seconds; until then publishes fail
+                    try:
+                        await js.publish(subject, f"m{i}".encode(), headers={"Nats-Msg-Id": f"m{i}"}, timeout=2)
+                        break
+                    except Exception:
+                        await asyncio.sleep(0.2)
+                else:
+                    raise AssertionError(f"publish m{i} never succeeded after the leader died")
+
+        await asyncio.wait_for(publish_more(), 90)
+        info = await js.stream_info(subjects.PROMPTS_STREAM)
+        assert info.cluster.leader != leader and info.state.messages == 100
+        # the old leader comes back on its store dir and catches up
+        cluster.start(leader)
+        cluster.wait_ready(60, names=[leader])
+        sub = await js.pull_subscribe(subject, "clu-reader", stream=subjects.PROMPTS_STREAM)
+        got = []
+        while len(got) < 100:
+            for m in await sub.fetch(100, timeout=10):
+                got.append(m.data.decode())
+                await m.ack()
+        assert sorted(got, key=lambda s: int(s[1:])) == [f"m{i}" for i in range(100)]
+        for _ in range(100):
+            peers = (await js.stream_info(subjects.PROMPTS_STREAM)).cluster.replicas
+            if len(peers) == 2 and all(p.current for p in peers):
+                break
+            await asyncio.sleep(0.2)
+        assert all(p.current for p in peers) and leader in {p.name for p in peers} | {
+            (await js.stream_info(subjects.PROMPTS_STREAM)).cluster.leader}
+    finally:
+        await nc.close()
