@@ -83,6 +83,10 @@ def nats_cmd(
     from shared.natsd import embedded_from_config
 
     routes = [r.strip() for r in cluster.split(",") if r.strip()]
+    if routes and not server_name:
+        typer.secho("jetrl nats: --cluster needs --server-name NAME (the node's server_name, unique per node: "
+                    "JetStream clustering requires it)", fg="red", err=True)
+        raise typer.Exit(2)
     try:
         ncfg = NatsConfig(user=user, password_file=password_file, token_file=token_file,
                           password="" if password_file else os.environ.get("JETRL_NATS_PASSWORD", ""),

@@ -2,7 +2,9 @@
 
 Every node uses the same fixed ports on its own host (client 4222, routes 6222, monitoring 8222: each
 host is its own network namespace), the config of docs/deploy.md. `urls` is what every service lists
-in `nats.servers`; services then create the streams and the weights KV bucket with `streams.replicas`.
+in `nats.servers`, with `token_file` as `nats.token_file` (clients authenticate: every node is started with
+the same token, written 0600 under the cluster's root); services then create the streams and the weights
+KV bucket with `streams.replicas`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multihost.netns import HostNet
+from shared.config import NatsConfig
+from shared.credentials import new_token, write_private
 
 CLIENT_PORT, ROUTE_PORT, MONITOR_PORT = 4222, 6222, 8222
 CLI = [sys.executable, "-m", "launcher.cli"]
@@ -32,6 +36,19 @@ class NatsCluster:
     def urls(self) -> list[str]:
         return [f"nats://{self.net.addr(h)}:{CLIENT_PORT}" for h in self.nodes.values()]
 
+    @property
+    def token_file(self) -> Path:
+        """The client token every node requires (made on first use, mode 0600)."""
+        path = self.root / "nats.token"
+        if not path.is_file():
+            self.root.mkdir(parents=True, exist_ok=True)
+            write_private(path, new_token() + "\n")
+        return path
+
+    def client_config(self, **kw) -> NatsConfig:
+        """A NatsConfig listing every node, with the cluster's token."""
+        return NatsConfig(servers=self.urls, token_file=str(self.token_file), **kw)
+
     def routes(self) -> list[str]:
         return [f"nats://{self.net.addr(h)}:{ROUTE_PORT}" for h in self.nodes.values()]
 
@@ -39,7 +56,8 @@ class NatsCluster:
         host = self.nodes[name]
         return CLI + ["nats", "--host", self.net.addr(host), "--port", str(CLIENT_PORT),
                       "--monitor-port", str(MONITOR_PORT), "--store-dir", str(self.root / name),
-                      "--server-name", name, "--cluster", ",".join(self.routes())]
+                      "--server-name", name, "--cluster", ",".join(self.routes()),
+                      "--token-file", str(self.token_file)]
 
     def start(self, name: str) -> subprocess.Popen:
         """Start (or start again, on its store dir) node `name` on its host."""

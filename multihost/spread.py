@@ -25,7 +25,9 @@ import yaml
 from launcher.fault_scenario import IN_FLIGHT_STATES, FaultOutcome, FaultScenario
 from multihost.cluster import NatsCluster
 from multihost.netns import HostNet
+from shared.auth import bearer_headers
 from shared.config import JetrlConfig, dump_config, load_config
+from shared.credentials import new_token, write_private
 
 CLI = [sys.executable, "-m", "launcher.cli"]
 HOSTS = ("a", "b", "c", "d", "e")
@@ -62,7 +64,8 @@ class HostLauncher:
         import httpx
 
         self.cfg, self.resolved = cfg, resolved
-        self.http = httpx.AsyncClient(base_url=resolved.controller.url, timeout=30.0)
+        self.http = httpx.AsyncClient(base_url=resolved.controller.url, timeout=30.0,
+                                      headers=bearer_headers(resolved.controller.secret("token")))
         self.sup = HostProcs()
 
     @property
@@ -122,12 +125,20 @@ class SpreadScenario(FaultScenario):
         a, b = self.net.addr("a"), self.net.addr("b")
         data.update(streams={"replicas": 3})
         full = dict(data)
-        full["nats"] = {"servers": self.cluster.urls, "reconnect_wait_s": 0.2, "max_reconnect_wait_s": 2.0}
+        full["nats"] = {"servers": self.cluster.urls, "token_file": str(self.cluster.token_file),
+                        "reconnect_wait_s": 0.2, "max_reconnect_wait_s": 2.0}
+        secrets = self.root / "secrets"  # the controller's and weight store's bearer tokens, as `jetrl up` makes them
+        for name in ("controller", "weights"):
+            if not (secrets / f"{name}.token").is_file():
+                write_private(secrets / f"{name}.token", new_token() + "\n")
         full["controller"] = {"host": a, "port": CONTROLLER_PORT, "url": f"http://{a}:{CONTROLLER_PORT}",
                               "db_url": f"sqlite:///{self.root / 'host-a' / 'controller.db'}",
-                              "data_dir": str(self.root / "host-a" / "datasets")}
+                              "data_dir": str(self.root / "host-a" / "datasets"),
+                              "token_file": str(secrets / "controller.token"),
+                              "path_roots": [str(self.root / "data")]}  # the slices are enqueued by path
         full["weights"] = {"host": b, "port": WEIGHTS_PORT, "url": f"http://{b}:{WEIGHTS_PORT}",
-                           "root": str(self.root / "host-b" / "weights"), "shared_fs": False}
+                           "root": str(self.root / "host-b" / "weights"), "shared_fs": False,
+                           "token_file": str(secrets / "weights.token")}
         full["trainer"] = dict(full["trainer"], checkpoint_dir=str(self.root / "host-c" / "checkpoints"))
         self.config_file.write_text(yaml.safe_dump(full, sort_keys=False))
         for h in HOSTS:

@@ -21,6 +21,8 @@ import pytest
 import yaml
 
 from multihost import images
+from shared.auth import bearer_headers
+from shared.credentials import new_token
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +77,10 @@ def test_compose_up_trains_scales_survives_a_kill_and_balances_the_ledger(jetrl_
     for s in ("nats", "controller", "weights"):  # nothing published on the host's ports (4222 is taken here)
         doc["services"].setdefault(s, {})["ports"] = "!reset"
     override.write_text(yaml.safe_dump(doc).replace("'!reset'", "!reset []"))
-    env = {**os.environ, **docker_env, "JETRL_IMAGE": jetrl_image, "JETRL_NATS_IMAGE": jetrl_image,
+    # the credentials `jetrl secrets compose/.env` would write, given to compose from the environment
+    secrets = {"JETRL_CONTROLLER_TOKEN": new_token(), "JETRL_WEIGHTS_TOKEN": new_token(),
+               "JETRL_NATS_USER": "jetrl", "JETRL_NATS_PASSWORD": new_token()}
+    env = {**os.environ, **docker_env, **secrets, "JETRL_IMAGE": jetrl_image, "JETRL_NATS_IMAGE": jetrl_image,
            "COMPOSE_PROJECT_NAME": project}
     base = [compose_binary(), "-f", str(COMPOSE), "-f", str(override)]
 
@@ -97,7 +102,8 @@ def test_compose_up_trains_scales_survives_a_kill_and_balances_the_ledger(jetrl_
     try:
         compose("up", "-d", "--no-build", timeout=600)
         ctl_ip = inspect(ids("controller")[0], "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
-        api = httpx.Client(base_url=f"http://{ctl_ip}:8600", timeout=30)
+        api = httpx.Client(base_url=f"http://{ctl_ip}:8600", timeout=30,
+                           headers=bearer_headers(secrets["JETRL_CONTROLLER_TOKEN"]))
 
         def until(check, what: str, timeout_s: float = 300):
             deadline, last = time.monotonic() + timeout_s, ""

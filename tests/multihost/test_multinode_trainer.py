@@ -18,6 +18,7 @@ from trainer_testlib import make_group, publish_groups, trainer_overrides  # noq
 
 from shared import bus  # noqa: E402
 from shared.config import NatsConfig, StreamsConfig  # noqa: E402
+from shared.credentials import new_token, write_private  # noqa: E402
 
 CLI = [sys.executable, "-m", "launcher.cli"]
 STEPS, BATCH = 2, 2
@@ -51,15 +52,17 @@ async def _train(net, hosts: list[str], nats_url: str, js, nc, tmp: Path, run: s
 @pytest.mark.timeout(420)
 async def test_two_nodes_one_rank_each_match_one_process(hostnet, tmp_path):
     net = hostnet(["a", "b", "c"])
+    token = write_private(tmp_path / "nats.token", new_token() + "\n")
     nats = net.spawn("a", CLI + ["nats", "--host", net.addr("a"), "--port", "4222", "--store-dir",
-                                 str(tmp_path / "nats")], log=tmp_path / "nats.log")
+                                 str(tmp_path / "nats"), "--token-file", str(token)], log=tmp_path / "nats.log")
     url = f"nats://{net.addr('a')}:4222"
-    nc = await bus.connect(NatsConfig(servers=[url]), name="multinode-test")
+    nc = await bus.connect(NatsConfig(servers=[url], token_file=str(token)), name="multinode-test")
     try:
         js = nc.jetstream()
         await bus.ensure_streams(js, StreamsConfig(duplicate_window_s=120))
-        two = await _train(net, ["b", "c"], url, js, nc, tmp_path, "mn2")
-        one = await _train(net, ["b"], url, js, nc, tmp_path, "mn1")
+        auth = {"nats.token_file": str(token)}
+        two = await _train(net, ["b", "c"], url, js, nc, tmp_path, "mn2", **auth)
+        one = await _train(net, ["b"], url, js, nc, tmp_path, "mn1", **auth)
     finally:
         await nc.close()
     assert nats.poll() is None

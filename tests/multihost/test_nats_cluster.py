@@ -10,7 +10,7 @@ import pytest
 
 from multihost.cluster import NatsCluster
 from shared import bus, subjects
-from shared.config import NatsConfig, StreamsConfig
+from shared.config import StreamsConfig
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(180)
 async def test_r3_streams_and_kv_survive_the_loss_of_the_stream_leaders_host(hostnet, tmp_path):
     net = hostnet(["n1", "n2", "n3"])
     cluster = NatsCluster(net, {"n1": "n1", "n2": "n2", "n3": "n3"}, tmp_path / "nats").start_all()
-    nc = await bus.connect(NatsConfig(servers=cluster.urls, reconnect_wait_s=0.1, max_reconnect_wait_s=0.5),
+    nc = await bus.connect(cluster.client_config(reconnect_wait_s=0.1, max_reconnect_wait_s=0.5),
                            name="cluster-test")
     try:
         js = nc.jetstream()

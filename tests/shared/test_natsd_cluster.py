@@ -31,5 +31,5 @@ def test_jetrl_nats_refuses_a_cluster_without_a_server_name(tmp_path):
     import sys
 
     r = subprocess.run([sys.executable, "-m", "launcher.cli", "nats", "--store-dir", str(tmp_path), "--cluster",
-                        "nats://a:6222,nats://b:6222"], capture_output=True, text=True, timeout=60)
+                        "nats://a:6222,nats://b:6222", "--insecure-no-auth"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "server_name" in r.stderr and "--server-name" in r.stderr
