@@ -1,0 +1,115 @@
+"""Where an agent runs for one episode.
+
+EntryRunner    `async def run(client: openai.AsyncOpenAI, task: dict) -> float | None`, imported from
+               'package.module:function' (or 'path/to/file.py:function'), called in the worker.
+CommandRunner  an external command, any language: started per episode with OPENAI_BASE_URL,
+               OPENAI_API_KEY (the session's key), JETRL_SESSION_ID and JETRL_REWARD_URL in its
+               environment and the task (JSON) on stdin; the episode ends when it exits (0).
+
+Either returns the reward the agent gave (or None) and raises EpisodeError when the agent fails. The
+caller bounds the time (rollout.agent.timeout_s); a cancelled CommandRunner kills the command's whole
+process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import shlex
+import signal
+from typing import Any
+
+from rollout_service.agents.session import EpisodeError, Session, SessionStore
+from rollout_service.workflows.loader import WorkflowLoadError, _import_module
+
+
+def task_json(task) -> dict[str, Any]:
+    """What an agent is given: the prompt task's payload (prompt or messages, reference, metadata) and ids."""
+    return {"prompt_id": task.prompt_id, "epoch": task.epoch, "run": task.run, **dict(task.payload)}
+
+
+def load_entry(spec: str):
+    """The `async def run(client, task)` function named by 'package.module:function'."""
+    mod_name, _, attr = spec.rpartition(":")
+    if not mod_name or not attr:
+        raise WorkflowLoadError(f"rollout.workflow_args.entry={spec!r}: write it as 'package.module:function'")
+    module = _import_module(mod_name, spec)
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise WorkflowLoadError(f"rollout.workflow_args.entry={spec!r}: {mod_name} has no attribute {attr!r}")
+    if not inspect.iscoroutinefunction(fn):
+        raise WorkflowLoadError(f"rollout.workflow_args.entry={spec!r}: {attr} must be `async def run(client, task)`")
+    return fn
+
+
+def _reward(value: Any, who: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EpisodeError(f"{who} returned {type(value).__name__} {value!r}, not a float or None")
+    return float(value)
+
+
+class EntryRunner:
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.fn = load_entry(spec)
+
+    async def __call__(self, session: Session, store: SessionStore) -> float | None:
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=store.url(session), api_key=session.key, max_retries=0)
+        try:
+            value = await self.fn(client, task_json(session.task))
+        except EpisodeError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise EpisodeError(f"agent {self.spec} raised {type(exc).__name__}: {exc}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                await client.close()
+        return _reward(value, f"agent {self.spec}")
+
+
+class CommandRunner:
+    def __init__(self, command: str | list[str], stderr_tail: int = 2000):
+        self.argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+        if not self.argv:
+            raise WorkflowLoadError("rollout.workflow_args.command is empty")
+        self.tail = stderr_tail
+
+    async def __call__(self, session: Session, store: SessionStore) -> float | None:
+        url = store.url(session)
+        env = dict(os.environ, OPENAI_BASE_URL=url, OPENAI_API_KEY=session.key, JETRL_SESSION_ID=session.id,
+                   JETRL_REWARD_URL=url[: -len("/v1")] + "/reward")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+        except OSError as exc:
+            raise EpisodeError(f"agent command {self.argv[0]!r} could not start: {exc}") from None
+        try:
+            proc.stdin.write(json.dumps(task_json(session.task)).encode() + b"\n")
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await proc.stdin.drain()
+            proc.stdin.close()
+            err = bytearray()
+            while chunk := await proc.stderr.read(65536):  # keep the tail only: a chatty agent cannot fill memory
+                err += chunk
+                del err[: max(0, len(err) - self.tail)]
+            rc = await proc.wait()
+        finally:
+            if proc.returncode is None:  # cancelled (time-out): the agent and everything it started go
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(proc.wait(), 5)
+        if rc != 0:
+            tail = err.decode(errors="replace").strip().splitlines()[-5:]
+            raise EpisodeError(f"agent command exited with code {rc}" + (f": {' | '.join(tail)}" if tail else ""))
+        return None

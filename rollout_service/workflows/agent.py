@@ -1,0 +1,90 @@
+"""agent: any agent that talks to the worker's OpenAI-compatible endpoint (docs/agents.md).
+
+`rollout.workflow: agent` with `workflow_args` `entry: "pkg.mod:run"` (an `async def run(client, task)`
+in the worker) or `command: "node agent.mjs"` (an external command per episode). Each of a group's
+`group_size` episodes gets a session; its recorded calls become samples (agents/trajectory.py) with the
+episode's reward: the one the agent returned or POSTed to `.../sessions/<id>/reward`, else the reward
+service's score of its final answer. An agent that fails (raises or exits non-zero, runs past
+rollout.agent.timeout_s, or keeps calling past rollout.agent.max_calls) fails its whole group: the prompt
+is dead-lettered with the reason (bus.Reject), or retried when rollout.agent.retry_failed is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rollout_service.agents.runners import CommandRunner, EntryRunner
+from rollout_service.agents.session import EpisodeError, Session
+from rollout_service.agents.trajectory import episode_samples
+from rollout_service.workflows.base import Workflow, WorkflowContext, reward_metrics
+from rollout_service.workflows.loader import WorkflowLoadError
+from shared import bus
+from shared.messages import PromptTask, Sample
+
+
+class AgentFailed(Exception):
+    """An episode failed and rollout.agent.retry_failed is set: the prompt is nak'ed and retried."""
+
+
+class AgentWorkflow(Workflow):
+    name = "agent"
+
+    def __init__(self, entry: str = "", command: str | list[str] = ""):
+        if bool(entry) == bool(command):
+            raise WorkflowLoadError("the agent workflow needs exactly one of workflow_args.entry "
+                                    "('package.module:run') and workflow_args.command (a command line)")
+        self.runner = EntryRunner(entry) if entry else CommandRunner(command)
+        self.what = f"entry {entry}" if entry else f"command {command!r}"
+
+    async def run(self, ctx: WorkflowContext, task: PromptTask) -> list[Sample]:
+        if ctx.agents is None:
+            raise RuntimeError("the agent workflow needs the worker's OpenAI-compatible endpoint (ctx.agents)")
+        store = ctx.agents.store
+        sessions = [store.open(task, i) for i in range(task.group_size)]
+        try:
+            outcomes = await asyncio.gather(*(self.episode(ctx, s) for s in sessions), return_exceptions=True)
+        finally:
+            for s in sessions:
+                store.close(s)
+        failures = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        if failures:
+            i, exc = failures[0]
+            if not isinstance(exc, EpisodeError):
+                raise exc
+            reason = f"agent ({self.what}) episode {i} of {task.group_id}: {exc}"
+            if len(failures) > 1:
+                reason += f" (and {len(failures) - 1} more failed episode(s))"
+            raise AgentFailed(reason) if ctx.cfg.rollout.agent.retry_failed else bus.Reject(reason)
+        rewards: list[float | None] = list(outcomes)
+        metrics: list[dict] = [{} for _ in sessions]
+        unscored = [i for i, r in enumerate(rewards) if r is None]
+        if unscored:
+            t0 = time.monotonic()
+            rr = await ctx.score(task, [sessions[i].final_answer() for i in unscored])
+            for j, i in enumerate(unscored):
+                rewards[i] = rr.rewards[j]
+                metrics[i] = reward_metrics(rr, j) | {"reward_s": time.monotonic() - t0}
+        samples = []
+        for s, r, m in zip(sessions, rewards, metrics, strict=False):
+            for sample in episode_samples(s.calls, float(r)):
+                sample.metrics.update(m)
+                sample.metrics.update({"episode": s.index, "episode_calls": len(s.calls),
+                                       "reward_source": "agent" if m == {} else "reward_service"})
+                samples.append(sample)
+        return samples
+
+    async def episode(self, ctx: WorkflowContext, session: Session) -> float | None:
+        """Run the agent for one session; its reward (returned, else POSTed, else None)."""
+        limit = ctx.cfg.rollout.agent.timeout_s
+        try:
+            returned = await asyncio.wait_for(self.runner(session, ctx.agents.store), limit)
+        except asyncio.TimeoutError:
+            raise EpisodeError(f"still running after rollout.agent.timeout_s = {limit:g} s (stopped; "
+                               f"{len(session.calls)} calls made)") from None
+        if session.refused_calls:
+            raise EpisodeError(f"never ended its episode: kept calling past rollout.agent.max_calls = "
+                               f"{session.max_calls}")
+        if not session.calls:
+            raise EpisodeError("ended without a single model call (nothing to train on)")
+        return returned if returned is not None else session.reward
