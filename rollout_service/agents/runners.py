@@ -57,11 +57,15 @@ class EntryRunner:
     def __init__(self, spec: str):
         self.spec = spec
         self.fn = load_entry(spec)
+        try:
+            import openai  # at start-up: a first import inside an episode would eat its time limit
+        except ImportError:
+            raise WorkflowLoadError(f"rollout.workflow_args.entry={spec!r}: an entry agent gets an "
+                                    "openai.AsyncOpenAI client; install it: pip install 'jetrl[agents]'") from None
+        self.openai = openai
 
     async def __call__(self, session: Session, store: SessionStore) -> float | None:
-        import openai
-
-        client = openai.AsyncOpenAI(base_url=store.url(session), api_key=session.key, max_retries=0)
+        client = self.openai.AsyncOpenAI(base_url=store.url(session), api_key=session.key, max_retries=0)
         try:
             value = await self.fn(client, task_json(session.task))
         except EpisodeError:

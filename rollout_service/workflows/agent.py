@@ -77,14 +77,20 @@ class AgentWorkflow(Workflow):
     async def episode(self, ctx: WorkflowContext, session: Session) -> float | None:
         """Run the agent for one session; its reward (returned, else POSTed, else None)."""
         limit = ctx.cfg.rollout.agent.timeout_s
+        endless = (f"never ended its episode: kept calling past rollout.agent.max_calls = {session.max_calls}")
         try:
             returned = await asyncio.wait_for(self.runner(session, ctx.agents.store), limit)
         except asyncio.TimeoutError:
+            if session.refused_calls:
+                raise EpisodeError(f"{endless} until rollout.agent.timeout_s = {limit:g} s") from None
             raise EpisodeError(f"still running after rollout.agent.timeout_s = {limit:g} s (stopped; "
                                f"{len(session.calls)} calls made)") from None
+        except EpisodeError as exc:
+            if session.refused_calls:
+                raise EpisodeError(f"{endless} ({exc})") from None
+            raise
         if session.refused_calls:
-            raise EpisodeError(f"never ended its episode: kept calling past rollout.agent.max_calls = "
-                               f"{session.max_calls}")
+            raise EpisodeError(endless)
         if not session.calls:
             raise EpisodeError("ended without a single model call (nothing to train on)")
         return returned if returned is not None else session.reward
