@@ -5,10 +5,10 @@ first's tokens, merged into one sample), on the local engine with a ~21M-paramet
 8 layers, random init, fp32 on CPU), fixed output lengths (ignore_eos), `--concurrency` episodes at once:
 
   direct    ctx.generate twice, the second prompt built from the first call's tokens, episode_samples();
-  endpoint  an `async def run(client, task)` agent with openai.AsyncOpenAI over loopback HTTP to the
-            worker's endpoint (AgentServer) in the same process, then episode_samples() of its session.
+  endpoint  an `async def run(client, task)` agent run by the worker's EntryRunner (openai.AsyncOpenAI over
+            loopback HTTP to the worker's endpoint, AgentServer, in the same process), then episode_samples().
 
-    python -m bench.agent_endpoint [--episodes 64] [--concurrency 16] [--tokens 32]
+    python -m bench.agent_endpoint [--episodes 64] [--concurrency 16] [--tokens 32] [--threads 1]
 
 Last line: `agent_endpoint_ratio: X` (endpoint episodes/s / direct episodes/s).
 """
@@ -19,8 +19,7 @@ import argparse
 import asyncio
 import time
 
-import openai
-
+from rollout_service.agents.runners import EntryRunner
 from rollout_service.agents.server import AgentServer
 from rollout_service.agents.trajectory import episode_samples
 from rollout_service.engines.local import LocalEngine
@@ -52,19 +51,23 @@ async def direct_episode(ctx: WorkflowContext, i: int, tokens: int) -> int:
     return s.num_generated
 
 
-async def endpoint_episode(server: AgentServer, i: int, tokens: int) -> int:
-    task = PromptTask(run="bench", prompt_id=f"p{i}", epoch=0, payload={"prompt": prompt(i)})
+async def two_turn_agent(client, task) -> float:
+    """The agent of the endpoint side, run by the worker's EntryRunner (a client per episode, shared pool)."""
+    msgs = [{"role": "user", "content": task["prompt"]}]
+    r = await client.chat.completions.create(model="policy", messages=msgs, seed=task["seed"])
+    msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "again"}]
+    await client.chat.completions.create(model="policy", messages=msgs, seed=task["seed"])
+    return 1.0
+
+
+async def endpoint_episode(server: AgentServer, runner: EntryRunner, i: int) -> int:
+    task = PromptTask(run="bench", prompt_id=f"p{i}", epoch=0, payload={"prompt": prompt(i), "seed": i})
     session = server.store.open(task, 0)
-    client = openai.AsyncOpenAI(base_url=server.store.url(session), api_key=session.key, max_retries=0)
     try:
-        msgs = [{"role": "user", "content": prompt(i)}]
-        r = await client.chat.completions.create(model="policy", messages=msgs, max_tokens=tokens, seed=i)
-        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "again"}]
-        await client.chat.completions.create(model="policy", messages=msgs, max_tokens=tokens, seed=i)
+        reward = await runner(session, server.store)
     finally:
-        await client.close()
         server.store.close(session)
-    samples = episode_samples(session.calls, 1.0)
+    samples = episode_samples(session.calls, reward)
     assert len(samples) == 1, "the two calls did not merge"
     return samples[0].num_generated
 
@@ -82,20 +85,23 @@ async def timed(episodes: int, concurrency: int, one) -> tuple[float, int]:
 
 
 async def main(args) -> None:
+    local = {"max_batch": 32, "max_prefill_batch": 32, "torch_threads": args.threads}
     cfg = JetrlConfig.model_validate({"run": "bench", "model": MODEL, "telemetry": {"metrics_port": -1},
                                       "rollout": {"sampling": {"ignore_eos": True, "max_new_tokens": args.tokens},
-                                                  "agent": {"max_calls": 8}}})
+                                                  "agent": {"max_calls": 8}, "local": local}})
     engine = LocalEngine(cfg)
     await engine.start()
     ctx = WorkflowContext(engine=engine, tokenizer=engine.tokenizer, reward=None, tools=ToolRegistry(), cfg=cfg)
     server = AgentServer(ctx)
     await server.start()
+    runner = EntryRunner("bench.agent_endpoint:two_turn_agent")
     try:
         await timed(args.concurrency, args.concurrency, lambda i: direct_episode(ctx, i, args.tokens))  # warm-up
-        await timed(args.concurrency, args.concurrency, lambda i: endpoint_episode(server, i, args.tokens))
+        await timed(args.concurrency, args.concurrency, lambda i: endpoint_episode(server, runner, i))
         d_s, d_tok = await timed(args.episodes, args.concurrency, lambda i: direct_episode(ctx, i, args.tokens))
-        e_s, e_tok = await timed(args.episodes, args.concurrency, lambda i: endpoint_episode(server, i, args.tokens))
+        e_s, e_tok = await timed(args.episodes, args.concurrency, lambda i: endpoint_episode(server, runner, i))
     finally:
+        await runner.close()
         await server.close()
         await engine.close()
     assert d_tok == e_tok == args.episodes * 2 * args.tokens
@@ -110,4 +116,6 @@ if __name__ == "__main__":
     p.add_argument("--episodes", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--tokens", type=int, default=32, help="tokens per call (fixed: ignore_eos)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the engine (1 is fastest on a shared "
+                   "2-core box)")
     asyncio.run(main(p.parse_args()))

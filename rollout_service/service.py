@@ -175,6 +175,9 @@ class RolloutWorker:
                 await close()
         if self.agents is not None:
             await self.agents.close()
+        if hasattr(self.workflow, "close"):
+            with contextlib.suppress(Exception):
+                await self.workflow.close()
         if self.reward is not None and hasattr(self.reward, "close"):
             with contextlib.suppress(Exception):
                 await self.reward.close()

@@ -63,9 +63,16 @@ class EntryRunner:
             raise WorkflowLoadError(f"rollout.workflow_args.entry={spec!r}: an entry agent gets an "
                                     "openai.AsyncOpenAI client; install it: pip install 'jetrl[agents]'") from None
         self.openai = openai
+        self._http = None  # one connection pool for every episode's client (a client per episode is cheap then)
 
     async def __call__(self, session: Session, store: SessionStore) -> float | None:
-        client = self.openai.AsyncOpenAI(base_url=store.url(session), api_key=session.key, max_retries=0)
+        if self._http is None:
+            import httpx
+
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+                                           limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        client = self.openai.AsyncOpenAI(base_url=store.url(session), api_key=session.key, max_retries=0,
+                                         http_client=self._http)
         try:
             value = await self.fn(client, task_json(session.task))
         except EpisodeError:
@@ -74,10 +81,12 @@ class EntryRunner:
             raise
         except Exception as exc:
             raise EpisodeError(f"agent {self.spec} raised {type(exc).__name__}: {exc}") from None
-        finally:
-            with contextlib.suppress(Exception):
-                await client.close()
         return _reward(value, f"agent {self.spec}")
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
 
 class CommandRunner:

@@ -74,6 +74,12 @@ class AgentWorkflow(Workflow):
                 samples.append(sample)
         return samples
 
+    async def close(self) -> None:
+        """Release what the runner holds (the entry runner's connection pool); the worker calls it at exit."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            await close()
+
     async def episode(self, ctx: WorkflowContext, session: Session) -> float | None:
         """Run the agent for one session; its reward (returned, else POSTed, else None)."""
         limit = ctx.cfg.rollout.agent.timeout_s
