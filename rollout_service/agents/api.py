@@ -130,7 +130,8 @@ class AgentAPI:
                              "session_not_found")
         return s
 
-    def sampling(self, req: _Req, max_tokens: int | None) -> SamplingParams:
+    def sampling(self, req: _Req, max_tokens: int | None, session: Session) -> SamplingParams:
+        """The request's settings over the task's sampling over rollout.sampling."""
         if req.stream:
             raise BadRequest("stream: true is not supported by this endpoint; send stream: false", "stream")
         for name in ("frequency_penalty", "presence_penalty"):
@@ -138,17 +139,19 @@ class AgentAPI:
                 raise BadRequest(f"{name} is not supported (the recorded logprobs must be the sampler's); "
                                  "leave it unset or 0", name)
         limit = self.cfg.service.max_new_tokens
-        mnt = max_tokens or self.cfg.agent.max_tokens or self.cfg.sampling.max_new_tokens
+        overrides = getattr(session.task, "sampling", None)
+        base = SamplingParams.from_config(self.cfg.sampling, overrides if isinstance(overrides, dict) else None)
+        mnt = max_tokens or self.cfg.agent.max_tokens or base.max_new_tokens
         if mnt > limit:
             raise BadRequest(f"max_tokens {mnt} is over this worker's limit {limit} "
                              "(rollout.service.max_new_tokens)", "max_tokens")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 4 or any(not s for s in stop):
             raise BadRequest("stop takes up to 4 non-empty strings", "stop")
-        base = SamplingParams.from_config(self.cfg.sampling)
         return replace(base, temperature=base.temperature if req.temperature is None else req.temperature,
                        top_p=base.top_p if req.top_p is None else req.top_p, max_new_tokens=mnt, stop=stop,
-                       seed=req.seed if req.seed is not None else base.seed)
+                       seed=req.seed if req.seed is not None else
+                       None if base.seed is None else base.seed + session.index)  # episodes of a group differ
 
     async def generate(self, session: Session, prompt_ids: list[int], sp: SamplingParams, n: int) -> list:
         if not prompt_ids:
@@ -194,7 +197,7 @@ class AgentAPI:
                 if t.get("type") != "function" or not isinstance((t.get("function") or {}).get("name"), str):
                     raise BadRequest("each tool needs type 'function' and function.name", f"tools[{j}]")
         offered = tools if choice != "none" else None
-        sp = self.sampling(req, req.max_completion_tokens or req.max_tokens)
+        sp = self.sampling(req, req.max_completion_tokens or req.max_tokens, session)
         user_stop = list(sp.stop)
         if offered:
             sp = replace(sp, stop=user_stop + [CALL_CLOSE])
@@ -229,7 +232,7 @@ class AgentAPI:
             prompt_ids = self.ctx.encode(str(p[0]))
         else:
             prompt_ids = self.ctx.encode(p)
-        sp = self.sampling(req, req.max_tokens)
+        sp = self.sampling(req, req.max_tokens, session)
         results = await self.generate(session, prompt_ids, sp, req.n)
         choices = []
         for i, res in enumerate(results):
