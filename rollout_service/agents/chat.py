@@ -115,10 +115,24 @@ class ChatRenderer:
     def __init__(self, ctx: WorkflowContext):
         self.ctx = ctx
 
+    @property
+    def template_knows_tools(self) -> bool:
+        return "tools" in str(getattr(self.ctx.tokenizer, "chat_template", "") or "")
+
+    def template_messages(self, messages: list[dict], tools: list[dict] | None) -> list[dict]:
+        """For a chat template that ignores `tools=` (SmolLM2's): the tool preamble in the system message."""
+        if not tools or self.template_knows_tools:
+            return messages
+        pre = plain_preamble(tools)
+        if messages and messages[0]["role"] == "system":
+            return [{**messages[0], "content": messages[0]["content"] + "\n\n" + pre}, *messages[1:]]
+        return [{"role": "system", "content": pre}, *messages]
+
     def render_text(self, messages: list[dict], tools: list[dict] | None) -> str:
         if self.ctx.has_chat_template:
             try:
-                return self.ctx.apply_template(messages, tools, add_generation_prompt=True)
+                return self.ctx.apply_template(self.template_messages(messages, tools), tools,
+                                               add_generation_prompt=True)
             except Exception as exc:  # jinja raises for what a template does not accept (roles, order)
                 raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
         head = plain_preamble(tools) + "\n" if tools else ""
@@ -134,7 +148,8 @@ class ChatRenderer:
         if not self.ctx.has_chat_template:
             return self.ctx.encode("\n" + "\n".join(self._plain(m) for m in rest))
         try:
-            return self.ctx.continuation_ids(prev.messages, prev.text, prev.raw, rest, plain_text="", tools=tools)
+            return self.ctx.continuation_ids(self.template_messages(prev.messages, tools), prev.text, prev.raw, rest,
+                                             plain_text="", tools=tools)
         except Exception as exc:
             raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
 
