@@ -102,6 +102,7 @@ class RolloutWorker:
             from rollout_service.agents.server import AgentServer
 
             self.agents = self.ctx.agents = AgentServer(self.ctx)
+            self.agents.nc = self.nc
             await self.agents.start()
         svc = cfg.rollout.service
         self.loop = bus.ConsumerLoop(

@@ -5,6 +5,8 @@ EntryRunner    `async def run(client: openai.AsyncOpenAI, task: dict) -> float |
 CommandRunner  an external command, any language: started per episode with OPENAI_BASE_URL,
                OPENAI_API_KEY (the session's key), JETRL_SESSION_ID and JETRL_REWARD_URL in its
                environment and the task (JSON) on stdin; the episode ends when it exits (0).
+ServiceRunner  a long-running agent service, any language: each episode is a NATS request (JSON) on
+               `jetrl.<run>.agents.<name>` (queue group jetrl-agents); the reply ends it.
 
 Either returns the reward the agent gave (or None) and raises EpisodeError when the agent fails. The
 caller bounds the time (rollout.agent.timeout_s); a cancelled CommandRunner kills the command's whole
@@ -43,6 +45,13 @@ def load_entry(spec: str):
     if not inspect.iscoroutinefunction(fn):
         raise WorkflowLoadError(f"rollout.workflow_args.entry={spec!r}: {attr} must be `async def run(client, task)`")
     return fn
+
+
+def episode_request(session: Session, store: SessionStore) -> dict[str, Any]:
+    """What an agent is told about its episode (the command's environment, the service's request)."""
+    url = store.url(session)
+    return {"base_url": url, "api_key": session.key, "session_id": session.id,
+            "reward_url": url[: -len("/v1")] + "/reward", "task": task_json(session.task)}
 
 
 def _reward(value: Any, who: str) -> float | None:
@@ -97,9 +106,9 @@ class CommandRunner:
         self.tail = stderr_tail
 
     async def __call__(self, session: Session, store: SessionStore) -> float | None:
-        url = store.url(session)
-        env = dict(os.environ, OPENAI_BASE_URL=url, OPENAI_API_KEY=session.key, JETRL_SESSION_ID=session.id,
-                   JETRL_REWARD_URL=url[: -len("/v1")] + "/reward")
+        ep = episode_request(session, store)
+        env = dict(os.environ, OPENAI_BASE_URL=ep["base_url"], OPENAI_API_KEY=ep["api_key"],
+                   JETRL_SESSION_ID=ep["session_id"], JETRL_REWARD_URL=ep["reward_url"])
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
@@ -126,3 +135,37 @@ class CommandRunner:
             tail = err.decode(errors="replace").strip().splitlines()[-5:]
             raise EpisodeError(f"agent command exited with code {rc}" + (f": {' | '.join(tail)}" if tail else ""))
         return None
+
+
+class ServiceRunner:
+    """An episode is one request on `jetrl.<run>.agents.<name>`: JSON {"base_url", "api_key", "session_id",
+    "reward_url", "task"}; the reply, JSON {"reward": float | null} or {"error": "..."}, ends it. The caller's
+    time limit is the request's; `nc` (the worker's NATS connection) is set before the first episode."""
+
+    def __init__(self, name: str, run: str):
+        from shared import subjects
+
+        try:
+            self.subject = subjects.agent_episodes(run, name)
+        except ValueError as exc:
+            raise WorkflowLoadError(f"rollout.workflow_args.service={name!r}: {exc}") from None
+        self.nc = None
+
+    async def __call__(self, session: Session, store: SessionStore) -> float | None:
+        import nats.errors
+
+        try:
+            msg = await self.nc.request(self.subject, json.dumps(episode_request(session, store)).encode(),
+                                        timeout=1e9)  # bounded by the caller's rollout.agent.timeout_s
+        except nats.errors.NoRespondersError:
+            raise EpisodeError(f"no agent service answers on {self.subject}") from None
+        try:
+            reply = json.loads(msg.data)
+        except ValueError:
+            raise EpisodeError(f"agent service on {self.subject} replied with something that is not JSON: "
+                               f"{msg.data[:200]!r}") from None
+        if not isinstance(reply, dict):
+            raise EpisodeError(f"agent service on {self.subject} replied {reply!r}, not a JSON object")
+        if reply.get("error"):
+            raise EpisodeError(f"agent service on {self.subject}: {str(reply['error'])[:2000]}")
+        return _reward(reply.get("reward"), f"agent service on {self.subject}")

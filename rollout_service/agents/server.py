@@ -25,6 +25,7 @@ class AgentServer:
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task | None = None
         self.port = 0
+        self.nc = None  # the worker's NATS connection (agent services take episodes over it)
 
     async def start(self) -> str:
         app = build_app(self.ctx, self.store)

@@ -1,7 +1,8 @@
 """agent: any agent that talks to the worker's OpenAI-compatible endpoint (docs/agents.md).
 
 `rollout.workflow: agent` with `workflow_args` `entry: "pkg.mod:run"` (an `async def run(client, task)`
-in the worker) or `command: "node agent.mjs"` (an external command per episode). Each of a group's
+in the worker), `command: "node agent.mjs"` (an external command per episode) or `service: NAME` (a
+long-running agent service taking episodes on `jetrl.<run>.agents.NAME`). Each of a group's
 `group_size` episodes gets a session; its recorded calls become samples (agents/trajectory.py) with the
 episode's reward: the one the agent returned or POSTed to `.../sessions/<id>/reward`, else the reward
 service's score of its final answer. An agent that fails (raises or exits non-zero, runs past
@@ -14,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rollout_service.agents.runners import CommandRunner, EntryRunner
+from rollout_service.agents.runners import CommandRunner, EntryRunner, ServiceRunner
 from rollout_service.agents.session import EpisodeError, Session
 from rollout_service.agents.trajectory import episode_samples
 from rollout_service.workflows.base import Workflow, WorkflowContext, reward_metrics
 from rollout_service.workflows.loader import WorkflowLoadError
-from shared import bus
+from shared import bus, subjects
 from shared.messages import PromptTask, Sample
 
 
@@ -30,16 +31,30 @@ class AgentFailed(Exception):
 class AgentWorkflow(Workflow):
     name = "agent"
 
-    def __init__(self, entry: str = "", command: str | list[str] = ""):
-        if bool(entry) == bool(command):
+    def __init__(self, entry: str = "", command: str | list[str] = "", service: str = ""):
+        if sum(map(bool, (entry, command, service))) != 1:
             raise WorkflowLoadError("the agent workflow needs exactly one of workflow_args.entry "
-                                    "('package.module:run') and workflow_args.command (a command line)")
-        self.runner = EntryRunner(entry) if entry else CommandRunner(command)
-        self.what = f"entry {entry}" if entry else f"command {command!r}"
+                                    "('package.module:run'), workflow_args.command (a command line) and "
+                                    "workflow_args.service (the name of an agent service on NATS)")
+        self.service = service
+        if entry:
+            self.runner, self.what = EntryRunner(entry), f"entry {entry}"
+        elif command:
+            self.runner, self.what = CommandRunner(command), f"command {command!r}"
+        else:
+            try:
+                subjects.check_token(service, "agent service name")
+            except ValueError as exc:
+                raise WorkflowLoadError(f"rollout.workflow_args.service={service!r}: {exc}") from None
+            self.runner, self.what = None, f"service {service}"  # needs the run id: built at the first task
 
     async def run(self, ctx: WorkflowContext, task: PromptTask) -> list[Sample]:
         if ctx.agents is None:
             raise RuntimeError("the agent workflow needs the worker's OpenAI-compatible endpoint (ctx.agents)")
+        if self.runner is None:
+            self.runner = ServiceRunner(self.service, ctx.cfg.run)
+        if isinstance(self.runner, ServiceRunner):
+            self.runner.nc = ctx.agents.nc
         store = ctx.agents.store
         sessions = [store.open(task, i) for i in range(task.group_size)]
         try:

@@ -132,3 +132,26 @@ async def test_retry_failed_naks_instead_of_dead_lettering_at_once(nats_config, 
     worker.stop()
     await asyncio.wait_for(run, 30)
     assert reasons["crash-0"].startswith("handler failed on delivery 2/2") and "the agent fell over" in reasons["crash-0"]
+
+
+async def test_a_long_running_agent_service_takes_episodes_from_nats(nats_config, nc, js):
+    from agent_examples import two_turns
+
+    from rollout_service.agents.agent_service import serve_agent
+
+    worker = make_worker(nats_config, AgentWorkflow(service="solver"))
+    run = asyncio.create_task(worker.run())
+    await publish(js, nc, ["early-0"])  # no agent service yet: dead-lettered, saying so
+    reasons = await dead_letters(js, 1)
+    assert "no agent service answers on jetrl.ag.agents.solver" in reasons["early-0"]
+    sub = await serve_agent(nc, RUN, "solver", two_turns)
+    await publish(js, nc, ["ok-1", "ok-2"])
+    groups = await groups_for(js, 2)
+    await sub.unsubscribe()
+    worker.stop()
+    await asyncio.wait_for(run, 30)
+    assert {g.prompt_id for g in groups} == {"ok-1", "ok-2"}
+    for s in (s for g in groups for s in g.samples):
+        assert s.metrics["calls"] == 2 and s.metrics["reward_source"] == "reward_service" and s.validate() is None
+    with pytest.raises(WorkflowLoadError, match="agent service name"):
+        AgentWorkflow(service="bad name")
