@@ -98,7 +98,7 @@ class RolloutWorker:
             await self.follower.prime()
         self.ctx = WorkflowContext(engine=self.engine, tokenizer=self.tokenizer, reward=self.reward,
                                    tools=self.tools, cfg=cfg)
-        if cfg.rollout.agent.serve or getattr(self.workflow, "name", "") == "agent":
+        if getattr(self.workflow, "name", "") == "agent":
             from rollout_service.agents.server import AgentServer
 
             self.agents = self.ctx.agents = AgentServer(self.ctx)

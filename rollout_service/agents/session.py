@@ -8,7 +8,6 @@ the engine produced them. `SessionStore` is the worker's table of open sessions.
 from __future__ import annotations
 
 import secrets
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +49,6 @@ class Session:
     reward: float | None = None
     open: bool = True
     refused_calls: int = 0  # calls refused for being past max_calls
-    started: float = field(default_factory=time.monotonic)
 
     def record(self, call: Call) -> None:
         self.calls.append(call)

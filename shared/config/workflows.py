@@ -69,17 +69,14 @@ class ServiceConfig(Section):
 
 
 class AgentConfig(Section):
-    """The rollout worker's OpenAI-compatible endpoint and the agents that talk to it (docs/agents.md)."""
+    """The rollout worker's OpenAI-compatible endpoint (served when rollout.workflow is `agent`) and the
+    agents that talk to it (docs/agents.md)."""
 
     host: str = Field("127.0.0.1", description="Bind address of the worker's OpenAI-compatible endpoint.")
     port: int = Field(0, ge=0, le=65535, description="Its port (0 = a free port, chosen at start-up).")
     public_url: str = Field(
         "", description="Base URL agents are given ('' = http://<host>:<port>); set it when agents reach the "
         "worker through another address (a container, a service name).",
-    )
-    serve: bool = Field(
-        False, description="Serve the endpoint even when rollout.workflow is not `agent` (it is always served "
-        "for the agent workflow).",
     )
     timeout_s: float = Field(
         300.0, gt=0, description="Wall-clock limit of one episode; an agent still running past it is stopped "
