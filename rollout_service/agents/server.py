@@ -33,7 +33,7 @@ class AgentServer:
                                 access_log=False, timeout_keep_alive=30)
         self.server = uvicorn.Server(config)
         self.server.install_signal_handlers = lambda: None  # the worker owns the signals
-        self.task = asyncio.create_task(self.server.serve(), name="jetrl-agent-endpoint")
+        self.task = asyncio.create_task(self._serve(), name="jetrl-agent-endpoint")
         while not self.server.started:
             if self.task.done():
                 exc = self.task.exception() if not self.task.cancelled() else None
@@ -44,6 +44,12 @@ class AgentServer:
         self.store.base_url = (self.cfg.public_url or f"http://{self.cfg.host}:{self.port}").rstrip("/")
         log.info("OpenAI-compatible endpoint on %s/sessions/<id>/v1", self.store.base_url)
         return self.store.base_url
+
+    async def _serve(self) -> None:
+        try:
+            await self.server.serve()
+        except SystemExit:  # uvicorn exits the process when it cannot bind: make it an error of start()
+            raise RuntimeError("uvicorn could not start (see its log line above)") from None
 
     async def close(self) -> None:
         if self.server is not None:
