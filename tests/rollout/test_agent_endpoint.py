@@ -170,3 +170,16 @@ async def test_tools_become_tool_calls_and_the_tool_turn_is_masked_and_versions_
     assert (sample.loss_mask[start:start + len(gap)] == 0).all() and (sample.versions[start:start + len(gap)] == -1).all()
     pol = sample.versions[sample.loss_mask == 1].tolist()
     assert pol == [0] * len(first.result.output_ids) + [1] * len(second.result.output_ids)
+
+
+async def test_a_port_in_use_fails_the_start_naming_the_setting():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        tok = char_tokenizer()
+        with pytest.raises(RuntimeError, match=r"rollout.agent: the endpoint could not listen on 127.0.0.1:\d+"):
+            async with endpoint(ScriptedEngine(tok, lambda p, n: "x"), tok,
+                                agent_config(agent={"port": busy.getsockname()[1]})):
+                pass
