@@ -91,6 +91,7 @@ class _Req(BaseModel):
     seed: int | None = None
     stream: bool = False
     logprobs: Any = None
+    top_logprobs: int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
 
@@ -134,6 +135,9 @@ class AgentAPI:
         """The request's settings over the task's sampling over rollout.sampling."""
         if req.stream:
             raise BadRequest("stream: true is not supported by this endpoint; send stream: false", "stream")
+        if req.top_logprobs:
+            raise BadRequest("top_logprobs is not supported (logprobs: true gives each sampled token's)",
+                             "top_logprobs")
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(req, name):
                 raise BadRequest(f"{name} is not supported (the recorded logprobs must be the sampler's); "

@@ -100,6 +100,9 @@ async def test_bad_requests_get_openai_style_4xx(tiny):
         (dict(messages=user, max_tokens=1000), "max_tokens"),
         (dict(messages=user, stream=True), "stream"),
         (dict(messages=user, tool_choice="required"), "tool_choice"),
+        (dict(messages=user, presence_penalty=0.5), "presence_penalty"),
+        (dict(messages=user, logprobs=True, top_logprobs=3), "top_logprobs"),
+        (dict(messages=user, stop=["a", "b", "c", "d", "e"]), "stop"),
         (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
          "messages[0].content[0]"),
     ]
