@@ -60,7 +60,7 @@ class RolloutWorker:
         self.rate = Rate(30.0)
         self.published = 0
         self.errors = 0
-        self.nc = self.js = self.loop = self.follower = self.ctx = self.events = None
+        self.nc = self.js = self.loop = self.follower = self.ctx = self.events = self.agents = None
         self._pending_ids: list[str] = []
         self._closers: list[Any] = []
         self._tasks: list[asyncio.Task] = []
@@ -98,6 +98,12 @@ class RolloutWorker:
             await self.follower.prime()
         self.ctx = WorkflowContext(engine=self.engine, tokenizer=self.tokenizer, reward=self.reward,
                                    tools=self.tools, cfg=cfg)
+        if getattr(self.workflow, "name", "") == "agent":
+            from rollout_service.agents.server import AgentServer
+
+            self.agents = self.ctx.agents = AgentServer(self.ctx)
+            self.agents.nc = self.nc
+            await self.agents.start()
         svc = cfg.rollout.service
         self.loop = bus.ConsumerLoop(
             self.js, self.nc, run=cfg.run, stream=subjects.PROMPTS_STREAM, subject=subjects.prompts(cfg.run),
@@ -168,6 +174,11 @@ class RolloutWorker:
         for close in self._closers:
             with contextlib.suppress(Exception):
                 await close()
+        if self.agents is not None:
+            await self.agents.close()
+        if hasattr(self.workflow, "close"):
+            with contextlib.suppress(Exception):
+                await self.workflow.close()
         if self.reward is not None and hasattr(self.reward, "close"):
             with contextlib.suppress(Exception):
                 await self.reward.close()

@@ -80,12 +80,16 @@ class BearerAuth:
     def _open(self, path: str) -> bool:
         return path in self.open_exact or path.startswith(self.open_prefix)
 
+    def wanted(self, scope, kind: str) -> list[str]:
+        """The tokens that admit this request ([] = no auth); subclasses may look at the path."""
+        return [t for t in self.tokens(kind) if t]
+
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or self._open(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         kind = "read" if scope.get("method", "GET") in ("GET", "HEAD", "OPTIONS") else "write"
-        wanted = [t for t in self.tokens(kind) if t]
+        wanted = self.wanted(scope, kind)
         if not wanted:
             await self.app(scope, receive, send)
             return

@@ -74,6 +74,14 @@ def reward(task: str) -> str:
 
 REWARD_QUEUE_GROUP = "jetrl-reward"
 
+
+def agent_episodes(run: str, agent: str) -> str:
+    """Request/reply subject on which a long-running agent service takes episodes (docs/agents.md)."""
+    return f"jetrl.{check_run_id(run)}.agents.{check_token(agent, 'agent service name')}"
+
+
+AGENT_QUEUE_GROUP = "jetrl-agents"
+
 # Stream subject filters (cover every run).
 STREAM_SUBJECTS = {
     PROMPTS_STREAM: ["jetrl.*.prompts"],

@@ -49,6 +49,7 @@ class WorkflowContext:
     tools: ToolRegistry
     cfg: JetrlConfig
     stats: WorkflowStats = field(default_factory=WorkflowStats)
+    agents: Any = None  # rollout_service.agents.server.AgentServer: the OpenAI-compatible endpoint, when served
 
     # --- text <-> tokens ------------------------------------------------------------------------
     @property

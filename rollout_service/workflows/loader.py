@@ -1,4 +1,4 @@
-"""Find a workflow class by name: a built-in (single_turn, multi_turn, tool_agent) or a user's
+"""Find a workflow class by name: a built-in (single_turn, multi_turn, tool_agent, agent) or a user's
 'package.module:Class' (or 'path/to/file.py:Class'). Errors say what to fix, at worker start-up."""
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ class WorkflowLoadError(ValueError):
 
 
 def builtin_workflows() -> dict[str, type]:
+    from rollout_service.workflows.agent import AgentWorkflow
     from rollout_service.workflows.multi_turn import MultiTurnWorkflow
     from rollout_service.workflows.single_turn import SingleTurnWorkflow
     from rollout_service.workflows.tool_agent import ToolAgentWorkflow
 
-    return {c.name: c for c in (SingleTurnWorkflow, MultiTurnWorkflow, ToolAgentWorkflow)}
+    return {c.name: c for c in (SingleTurnWorkflow, MultiTurnWorkflow, ToolAgentWorkflow, AgentWorkflow)}
 
 
 def _import_module(mod_name: str, spec: str):

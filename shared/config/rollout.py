@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from shared.config.base import Section
 from shared.config.engines import LocalEngineConfig, SglangEngineConfig, SimEngineConfig, VllmEngineConfig
-from shared.config.workflows import MultiTurnConfig, ServiceConfig, ToolAgentConfig, ToolsConfig
+from shared.config.workflows import AgentConfig, MultiTurnConfig, ServiceConfig, ToolAgentConfig, ToolsConfig
 
 
 class SamplingConfig(Section):
@@ -26,7 +26,8 @@ class RolloutConfig(Section):
     engine: Literal["local", "vllm", "sglang", "sim"] = Field("local", description="Inference engine.")
     workflow: str = Field(
         "single_turn",
-        description="single_turn | multi_turn | tool_agent | 'package.module:Class' (a user workflow).",
+        description="single_turn | multi_turn | tool_agent | agent (an agent on the OpenAI-compatible endpoint, "
+        "docs/agents.md) | 'package.module:Class' (a user workflow).",
     )
     group_size: int = Field(4, ge=1, description="Samples per prompt (the GRPO group).")
     max_in_flight: int = Field(8, ge=1, description="Prompt tasks one worker runs at once.")
@@ -36,6 +37,7 @@ class RolloutConfig(Section):
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     tool_agent: ToolAgentConfig = Field(default_factory=ToolAgentConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="The OpenAI-compatible endpoint and agents.")
     service: ServiceConfig = Field(default_factory=ServiceConfig)
     local: LocalEngineConfig = Field(default_factory=LocalEngineConfig, description="engine=local options.")
     vllm: VllmEngineConfig = Field(default_factory=VllmEngineConfig, description="engine=vllm options.")

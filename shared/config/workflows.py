@@ -66,3 +66,34 @@ class ServiceConfig(Section):
         60.0, gt=0, description="After SIGTERM, tasks in flight get this long to finish; then they are cancelled "
         "(not acked: JetStream redelivers them) and the worker exits.",
     )
+
+
+class AgentConfig(Section):
+    """The rollout worker's OpenAI-compatible endpoint (served when rollout.workflow is `agent`) and the
+    agents that talk to it (docs/agents.md)."""
+
+    host: str = Field("127.0.0.1", description="Bind address of the worker's OpenAI-compatible endpoint.")
+    port: int = Field(0, ge=0, le=65535, description="Its port (0 = a free port, chosen at start-up).")
+    public_url: str = Field(
+        "", description="Base URL agents are given ('' = http://<host>:<port>); set it when agents reach the "
+        "worker through another address (a container, a service name).",
+    )
+    timeout_s: float = Field(
+        300.0, gt=0, description="Wall-clock limit of one episode; an agent still running past it is stopped "
+        "and its group dead-lettered (or retried, see retry_failed).",
+    )
+    max_calls: int = Field(
+        64, ge=1, description="Model calls one episode may make; the call past it is refused (HTTP 429) and the "
+        "episode fails as never-ending.",
+    )
+    max_tokens: int = Field(
+        0, ge=0, description="Default max_tokens of a call that sets none (0 = rollout.sampling.max_new_tokens).",
+    )
+    retry_failed: bool = Field(
+        False, description="A failed episode (crash, time-out, never-ending) naks its prompt so it is retried "
+        "up to rollout.service.max_deliver times, instead of dead-lettering the group at once.",
+    )
+    model_name: str = Field("", description="Model id the endpoint reports in /v1/models ('' = the run id).")
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest request body the endpoint reads (HTTP 413 past it).",
+    )

@@ -1,0 +1,121 @@
+"""An agent through the OpenAI-compatible endpoint against the same engine called directly in the worker.
+
+The same two-turn episode both ways (answer, "again", answer: two calls, the second's prompt extending the
+first's tokens, merged into one sample), on the local engine with a ~21M-parameter untied Qwen2 (hidden 512,
+8 layers, random init, fp32 on CPU), fixed output lengths (ignore_eos), `--concurrency` episodes at once:
+
+  direct    ctx.generate twice, the second prompt built from the first call's tokens, episode_samples();
+  endpoint  an `async def run(client, task)` agent run by the worker's EntryRunner (openai.AsyncOpenAI over
+            loopback HTTP to the worker's endpoint, AgentServer, in the same process), then episode_samples().
+
+    python -m bench.agent_endpoint [--episodes 64] [--concurrency 16] [--tokens 32] [--threads 1]
+
+Last line: `agent_endpoint_ratio: X` (endpoint episodes/s / direct episodes/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from rollout_service.agents.runners import EntryRunner
+from rollout_service.agents.server import AgentServer
+from rollout_service.agents.trajectory import episode_samples
+from rollout_service.engines.local import LocalEngine
+from rollout_service.tools import ToolRegistry
+from rollout_service.workflows.base import WorkflowContext
+from shared.config import JetrlConfig
+from shared.messages import PromptTask
+
+MODEL = {"tiny_hidden": 512, "tiny_layers": 8, "tiny_heads": 8, "seed": 0}
+
+
+def prompt(i: int) -> str:
+    return "max " + " ".join(str((i * 7 + k * 3) % 10) for k in range(5)) + " ="
+
+
+async def direct_episode(ctx: WorkflowContext, i: int, tokens: int) -> int:
+    from dataclasses import replace
+
+    from rollout_service.agents.session import Call
+    from rollout_service.engines.base import SamplingParams
+
+    sp = replace(SamplingParams.from_config(ctx.cfg.rollout.sampling), max_new_tokens=tokens, seed=i)
+    first_ids = ctx.encode(prompt(i))
+    r1 = await ctx.generate(first_ids, sp)
+    c1 = Call(first_ids, r1, ctx.decode(r1.output_ids))
+    second_ids = c1.tokens + ctx.encode("\nagain")
+    r2 = await ctx.generate(second_ids, sp)
+    (s,) = episode_samples([c1, Call(second_ids, r2, ctx.decode(r2.output_ids))], 1.0)
+    return s.num_generated
+
+
+async def two_turn_agent(client, task) -> float:
+    """The agent of the endpoint side, run by the worker's EntryRunner (a client per episode, shared pool)."""
+    msgs = [{"role": "user", "content": task["prompt"]}]
+    r = await client.chat.completions.create(model="policy", messages=msgs, seed=task["seed"])
+    msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "again"}]
+    await client.chat.completions.create(model="policy", messages=msgs, seed=task["seed"])
+    return 1.0
+
+
+async def endpoint_episode(server: AgentServer, runner: EntryRunner, i: int) -> int:
+    task = PromptTask(run="bench", prompt_id=f"p{i}", epoch=0, payload={"prompt": prompt(i), "seed": i})
+    session = server.store.open(task, 0)
+    try:
+        reward = await runner(session, server.store)
+    finally:
+        server.store.close(session)
+    samples = episode_samples(session.calls, reward)
+    assert len(samples) == 1, "the two calls did not merge"
+    return samples[0].num_generated
+
+
+async def timed(episodes: int, concurrency: int, one) -> tuple[float, int]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def guarded(i: int) -> int:
+        async with sem:
+            return await one(i)
+
+    t = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(guarded(i) for i in range(episodes))))
+    return time.perf_counter() - t, tokens
+
+
+async def main(args) -> None:
+    local = {"max_batch": 32, "max_prefill_batch": 32, "torch_threads": args.threads}
+    cfg = JetrlConfig.model_validate({"run": "bench", "model": MODEL, "telemetry": {"metrics_port": -1},
+                                      "rollout": {"sampling": {"ignore_eos": True, "max_new_tokens": args.tokens},
+                                                  "agent": {"max_calls": 8}, "local": local}})
+    engine = LocalEngine(cfg)
+    await engine.start()
+    ctx = WorkflowContext(engine=engine, tokenizer=engine.tokenizer, reward=None, tools=ToolRegistry(), cfg=cfg)
+    server = AgentServer(ctx)
+    await server.start()
+    runner = EntryRunner("bench.agent_endpoint:two_turn_agent")
+    try:
+        await timed(args.concurrency, args.concurrency, lambda i: direct_episode(ctx, i, args.tokens))  # warm-up
+        await timed(args.concurrency, args.concurrency, lambda i: endpoint_episode(server, runner, i))
+        d_s, d_tok = await timed(args.episodes, args.concurrency, lambda i: direct_episode(ctx, i, args.tokens))
+        e_s, e_tok = await timed(args.episodes, args.concurrency, lambda i: endpoint_episode(server, runner, i))
+    finally:
+        await runner.close()
+        await server.close()
+        await engine.close()
+    assert d_tok == e_tok == args.episodes * 2 * args.tokens
+    print(f"episodes {args.episodes} (2 calls x {args.tokens} tokens), concurrency {args.concurrency}")
+    print(f"direct:   {args.episodes / d_s:.2f} episodes/s, {d_tok / d_s:.1f} tokens/s ({d_s:.2f} s)")
+    print(f"endpoint: {args.episodes / e_s:.2f} episodes/s, {e_tok / e_s:.1f} tokens/s ({e_s:.2f} s)")
+    print(f"agent_endpoint_ratio: {d_s / e_s:.3f}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--episodes", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=32, help="tokens per call (fixed: ignore_eos)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the engine (1 is fastest on a shared "
+                   "2-core box)")
+    asyncio.run(main(p.parse_args()))

@@ -1,0 +1,90 @@
+"""One episode of an agent: a session with its own API key, the model calls recorded in it, and its reward.
+
+Every completion the endpoint returns is recorded as a `Call`: the prompt token ids it was generated
+from, and the engine's `GenerateResult` (output ids, behaviour logprobs, per-token versions), exactly as
+the engine produced them. `SessionStore` is the worker's table of open sessions.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_service.engines.base import GenerateResult
+
+
+@dataclass
+class Call:
+    """One recorded completion (a request with n > 1 records n calls with the same prompt)."""
+
+    prompt_ids: list[int]
+    result: GenerateResult
+    text: str  # the decoded output (special tokens kept out), as the agent received it
+    messages: list[dict] | None = None  # chat calls: the request's normalised messages
+    reply: dict | None = None  # chat calls: the assistant message returned
+    tools: list[dict] | None = None  # chat calls: the tools offered
+    raw: str = ""  # the decoded output with special tokens (for closing the turn in later prompts)
+    index: int = 0  # choice index within its request
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt then completion: what a later call's prompt must start with to extend this one."""
+        return list(self.prompt_ids) + list(self.result.output_ids)
+
+
+class EpisodeError(Exception):
+    """The agent of an episode failed (crashed, hung, never ended); the message is the reason."""
+
+
+@dataclass
+class Session:
+    id: str
+    key: str
+    task: Any  # the PromptTask
+    index: int  # episode index within the group
+    max_calls: int
+    calls: list[Call] = field(default_factory=list)
+    reward: float | None = None
+    open: bool = True
+    refused_calls: int = 0  # calls refused for being past max_calls
+
+    def record(self, call: Call) -> None:
+        self.calls.append(call)
+
+    def final_answer(self) -> str:
+        """The episode's answer: the text of the last recorded completion ('' when there was none)."""
+        if not self.calls:
+            return ""
+        last = self.calls[-1]
+        if last.reply is not None:
+            return str(last.reply.get("content") or "")
+        return last.text
+
+
+class SessionStore:
+    """The open sessions of one worker, by id. Session ids and keys are random (uuid4, 32 bytes)."""
+
+    def __init__(self, max_calls: int):
+        self.max_calls = max_calls
+        self.sessions: dict[str, Session] = {}
+        self.base_url = ""  # set once the server listens
+
+    def open(self, task: Any, index: int) -> Session:
+        s = Session(id=uuid.uuid4().hex, key=secrets.token_urlsafe(32), task=task, index=index,
+                    max_calls=self.max_calls)
+        self.sessions[s.id] = s
+        return s
+
+    def close(self, session: Session) -> None:
+        """No call is accepted after this; the session is forgotten."""
+        session.open = False
+        self.sessions.pop(session.id, None)
+
+    def get(self, sid: str) -> Session | None:
+        return self.sessions.get(sid)
+
+    def url(self, session: Session) -> str:
+        """The OpenAI base URL of a session (what an agent passes as base_url)."""
+        return f"{self.base_url}/sessions/{session.id}/v1"

@@ -1,0 +1,65 @@
+"""A Node.js agent (the official `openai` npm package, examples/agents/node) started by the rollout worker as an
+external command per episode trains the tiny policy for a few steps through the real controller, reward
+service and trainer (`jetrl up`), every released prompt accounted for in the ledger."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.demo_task import write_dataset
+from launcher.up import Launcher, UpOptions, poll_until
+from shared.config import JetrlConfig
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_DIR = ROOT / "examples" / "agents" / "node"
+
+
+@pytest.fixture(scope="module")
+def node():
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("node/npm not installed: the Node.js agent needs Node.js >= 18 and npm")
+    if not (NODE_DIR / "node_modules" / "openai").is_dir():
+        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode:
+            pytest.fail(f"npm ci in {NODE_DIR} failed:\n{done.stdout}\n{done.stderr}")
+    return node
+
+
+async def test_a_node_agent_trains_through_controller_reward_and_trainer(node, tmp_path):
+    train, _ = write_dataset(tmp_path / "data", train=200, heldout=10)
+    cfg = JetrlConfig.model_validate({
+        "run": "nodeagent", "nats": {"embedded": True}, "telemetry": {"events_interval_s": 1.0},
+        "schedule": {"max_staleness": 4, "batch_size": 4, "total_steps": 3}, "reward": {"task": "maxdigit"},
+        "rollout": {"workflow": "agent", "workflow_args": {"command": [node, str(NODE_DIR / "agent.mjs")]},
+                    "group_size": 4, "max_in_flight": 4, "sampling": {"max_new_tokens": 1},
+                    "agent": {"timeout_s": 60}},
+    })
+    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False, with_eval=False))
+    try:
+        await launcher.start(timeout_s=240)
+        await launcher.enqueue(str(train))
+
+        async def done():
+            snap = await launcher.poll()
+            if launcher.sup.failure is not None:
+                raise AssertionError(launcher.sup.failure.message())
+            return launcher.trainer_done(snap) and snap
+
+        snap = await poll_until(done, 420, "the trainer to finish 3 steps")
+        ledger = await launcher._check(await launcher.http.get("/v1/runs/nodeagent/ledger"))
+    finally:
+        await launcher.stop()
+    steps = snap["steps"]
+    assert len(steps) >= 3 and ledger["trained"] >= 3 * 4
+    accounted = sum(int(ledger.get(k, 0)) for k in ("trained", "dropped_stale", "filtered", "dead_lettered", "in_flight"))
+    assert int(ledger["released"]) == accounted and int(ledger.get("dead_lettered", 0)) == 0
+    log = (tmp_path / "run" / "logs" / "rollout.log").read_text()
+    assert "OpenAI-compatible endpoint on http://127.0.0.1:" in log and "workflow agent" in log
