@@ -1,5 +1,6 @@
-"""One optimizer step, the same for every backend: proximal pass, packed micro-batches, decoupled PPO
-loss, gradient accumulation, grad-norm clipping, LR schedule. Statistics come back summed over ranks.
+"""One optimizer step, the same for every backend: proximal pass, packed micro-batches, the policy
+loss (trainer.algorithm.objective), gradient accumulation, grad-norm clipping, LR schedule. Statistics
+come back summed over ranks.
 
 A backend (backends/base.py) supplies the forward pass, the optimizer and the collectives; this module
 holds the order of operations only.
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from shared.config import TrainerConfig
-from trainer_service.algorithms.losses import decoupled_ppo_terms, kl_k3, token_coefficients
+from trainer_service.algorithms.losses import kl_k3, policy_terms, token_coefficients
 from trainer_service.backends.base import TrainBackend
 from trainer_service.packing import (
     PackedBatch,
@@ -80,15 +81,19 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
     prox, ref = [], []
     with torch.no_grad():
         for m in micro:
-            prox.append(backend.forward(m, which="policy")[0].detach() if a.decoupled else m.behav_logp)
+            # `reinforce` (no correction) never reads pi_prox: skip the pass.
+            recompute = a.decoupled and a.objective != "reinforce"
+            prox.append(backend.forward(m, which="policy")[0].detach() if recompute else m.behav_logp)
             if a.kl_coef > 0:
                 ref.append(backend.forward(m, which="ref")[0].detach())
     backend.zero_grad()
     sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64)
     for k, m in enumerate(micro):
         logp, entropy = backend.forward(m, which="policy", grad=True)
-        terms = decoupled_ppo_terms(logp, prox[k], m.behav_logp, m.advantages, a.eps_clip, a.eps_clip_high,
-                                    a.behav_imp_weight_cap, a.behav_imp_weight_mode)
+        terms = policy_terms(a.objective, logp, prox[k], m.behav_logp, m.advantages, eps_clip=a.eps_clip,
+                             eps_clip_high=a.eps_clip_high, cap=a.behav_imp_weight_cap,
+                             mode=a.behav_imp_weight_mode, floor=a.behav_imp_weight_floor, mask=m.mask,
+                             seq_index=m.seq_index)
         tok = terms.loss
         kl = kl_k3(logp, ref[k]) if a.kl_coef > 0 else torch.zeros_like(logp)
         tok = tok + a.kl_coef * kl - a.entropy_coef * entropy

@@ -14,7 +14,7 @@ from shared.config.base import Section
 
 
 class AlgorithmConfig(Section):
-    """The policy-gradient objective (decoupled PPO with group-relative advantages)."""
+    """The policy-gradient objective (decoupled PPO by default), its behaviour correction and advantages."""
 
     adv_estimator: Literal["grpo", "grpo_nostd", "rloo", "reinforce"] = Field(
         "grpo",
@@ -26,14 +26,33 @@ class AlgorithmConfig(Section):
     eps_clip_high: float | None = Field(
         None, gt=0, description="Upper clip (DAPO clip-higher); None = same as eps_clip."
     )
+    objective: Literal["ppo", "gspo", "cispo", "iw_reinforce", "reinforce"] = Field(
+        "ppo",
+        description="Policy loss per token (r = pi_theta/pi_prox, w = the behaviour correction): ppo = w x PPO's "
+        "clipped surrogate (decoupled PPO, AReaL); gspo = the clip on the sequence's geometric-mean ratio "
+        "(GSPO; its paper clips at ~3e-4/4e-4, set eps_clip/eps_clip_high); cispo = -w sg[clip(r)] A log pi "
+        "(CISPO, MiniMax-M1; clip bounds from eps_clip/eps_clip_high); iw_reinforce = -w A r (importance-"
+        "weighted REINFORCE, no clip); reinforce = -A log pi (no correction at all; behaviour weight ignored).",
+    )
     behav_imp_weight_cap: float | None = Field(
         5.0,
         gt=0,
-        description="Cap of the decoupled importance weight pi_prox/pi_behav; tokens above it get weight 0 "
-        "(AReaL); None = no cap.",
+        description="Upper bound of the behaviour correction on pi_prox/pi_behav (see behav_imp_weight_mode); "
+        "None = unbounded importance weights (not allowed for geo_mask / icepop).",
     )
-    behav_imp_weight_mode: Literal["mask", "truncate"] = Field(
-        "mask", description="Above the cap: mask = weight 0 (AReaL), truncate = clamp to the cap."
+    behav_imp_weight_floor: float | None = Field(
+        None,
+        gt=0,
+        description="Lower bound of the band used by geo_mask and icepop (tokens/sequences below it are masked); "
+        "None = 1 / behav_imp_weight_cap.",
+    )
+    behav_imp_weight_mode: Literal["none", "mask", "truncate", "seq_truncate", "geo_mask", "icepop"] = Field(
+        "mask",
+        description="Behaviour correction w from rho = pi_prox/pi_behav per token: none = 1; mask = rho, 0 above "
+        "the cap (masked IS, AReaL); truncate = min(rho, cap) (TIS); seq_truncate = min(product of the "
+        "sequence's rho, cap) on all its tokens (sequence-level IS, verl rollout_corr); geo_mask = 1, or 0 for "
+        "the whole sequence when the geometric mean of its rho leaves [floor, cap] (verl rollout_corr; typical "
+        "band 0.999-1.001); icepop = rho, 0 where rho leaves [floor, cap] (IcePop, Ring-1T; 0.5-5).",
     )
     decoupled: bool = Field(
         True,
@@ -55,6 +74,16 @@ class AlgorithmConfig(Section):
         False, description="Drop groups whose rewards are all equal (zero advantage; DAPO dynamic sampling)."
     )
     dynamic_filter_eps: float = Field(1e-6, ge=0, description="Rewards within this of each other count as equal.")
+
+    @model_validator(mode="after")
+    def _check_band(self) -> AlgorithmConfig:
+        mode, cap, floor = self.behav_imp_weight_mode, self.behav_imp_weight_cap, self.behav_imp_weight_floor
+        if mode in ("geo_mask", "icepop") and cap is None:
+            raise ValueError(f"trainer.algorithm.behav_imp_weight_cap: {mode} needs an upper bound, got None")
+        if cap is not None and floor is not None and floor >= cap:
+            raise ValueError(f"trainer.algorithm.behav_imp_weight_floor: {floor} must be below "
+                             f"behav_imp_weight_cap ({cap})")
+        return self
 
 
 class OptimConfig(Section):
