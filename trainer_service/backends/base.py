@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from shared.config import TrainerConfig
+from shared.logits_mask import allowed_vector, mask_logits
 from trainer_service.algorithms.losses import entropy_from_logits
 from trainer_service.packing import PackedBatch, TrainItem
 
@@ -70,11 +71,18 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
-                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, entropy_grad: bool = False,
+                   allowed_token_ids: Sequence[int] = (), rows: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(target), entropy) per position from logits [T, V], computed in float32. The entropy is
-    differentiable only with `entropy_grad` (an entropy bonus); otherwise it is a statistic."""
+    differentiable only with `entropy_grad` (an entropy bonus); otherwise it is a statistic.
+
+    `allowed_token_ids` (rollout.sampling.allowed_token_ids): at the positions `rows` ([T], nonzero where
+    the target is a generated token) the softmax runs over the allowed ids only, as in the engine."""
     logits = logits.float()
+    if allowed_token_ids:
+        logits = mask_logits(logits, allowed_vector(allowed_token_ids, logits.shape[-1], logits.device),
+                             None if rows is None else rows > 0)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     if entropy_grad:
         return logp, entropy_from_logits(logits)

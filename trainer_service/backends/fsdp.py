@@ -95,7 +95,8 @@ class FSDPBackend(DistMixin):
             out = model(input_ids=m.input_ids, position_ids=m.position_ids, use_cache=False,
                         cu_seq_lens_q=m.cu_seqlens, cu_seq_lens_k=m.cu_seqlens, max_length_q=longest,
                         max_length_k=longest)
-        return token_logprobs(out.logits[0], m.targets, grad and self.cfg.trainer.algorithm.entropy_coef > 0)
+        return token_logprobs(out.logits[0], m.targets, grad and self.cfg.trainer.algorithm.entropy_coef > 0,
+                              self.cfg.rollout.sampling.allowed_token_ids, m.mask)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

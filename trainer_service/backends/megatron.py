@@ -147,7 +147,8 @@ class MegatronBackend(DistMixin):
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx, self._autocast():
             logits = self._logits(model, m)
-        return token_logprobs(logits, m.targets, grad and self.cfg.trainer.algorithm.entropy_coef > 0)
+        return token_logprobs(logits, m.targets, grad and self.cfg.trainer.algorithm.entropy_coef > 0,
+                              self.cfg.rollout.sampling.allowed_token_ids, m.mask)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
