@@ -104,7 +104,7 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
     prox: list[list[torch.Tensor]] | None = None
     if a.decoupled and len(minis) > 1:
         with torch.no_grad():
-            prox = [[backend.forward(m, which="policy")[0].detach() for m in micro] for micro in minis]
+            prox = [[backend.forward(m, which="policy", entropy=False)[0].detach() for m in micro] for micro in minis]
     sums = torch.zeros(len(minis), len(STAT_KEYS), dtype=torch.float64)
     norms = []
     for j, micro in enumerate(minis):
@@ -120,7 +120,7 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
             tok = terms.loss
             if a.kl_coef > 0:
                 with torch.no_grad():
-                    ref = backend.forward(m, which="ref")[0].detach()
+                    ref = backend.forward(m, which="ref", entropy=False)[0].detach()
                 kl = kl_k3(logp, ref)
             else:
                 kl = torch.zeros_like(logp)

@@ -146,6 +146,14 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(
         4096, ge=16, description="Token budget of one packed micro-batch (sequences are concatenated, no padding)."
     )
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=0,
+        description="Log-probabilities are computed only at loss positions (generated tokens); the output head "
+        "projects those positions this many at a time (logits recomputed per chunk in backward), so no "
+        "[tokens x vocabulary] tensor of a micro-batch exists. 0 = one full-logits pass, then the loss "
+        "positions (more memory; models whose logits are not the head's plain linear map always use it).",
+    )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
     attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto",
