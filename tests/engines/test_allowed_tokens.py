@@ -38,7 +38,6 @@ def test_mask_logits_hand_values_and_bad_ids_name_the_option():
 
 async def test_engine_and_trainer_give_the_same_masked_logprobs(tiny_dirs):
     from trainer_service.backends.fsdp import FSDPBackend
-    from trainer_service.packing import TrainItem, pack
 
     cfg = engine_config(engine="local", sampling={"allowed_token_ids": DIGITS})
     cfg.model.path = str(tiny_dirs[0])
@@ -53,9 +52,16 @@ async def test_engine_and_trainer_give_the_same_masked_logprobs(tiny_dirs):
     finally:
         await eng.close()
     cfg.trainer.device = "cpu"
-    backend = FSDPBackend(cfg)
     plain = FSDPBackend(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"sampling": cfg.rollout.sampling.model_copy(update={"allowed_token_ids": []})})}))
+    for chunk in (1024, 0):  # loss positions through the chunked head, and full logits
+        cfg.trainer.logprob_chunk_tokens = chunk
+        check_trainer_logprobs(FSDPBackend(cfg), plain, results)
+
+
+def check_trainer_logprobs(backend, plain, results) -> None:
+    from trainer_service.packing import TrainItem, pack
+
     for r in results:
         assert len(r.output_ids) == 6 and set(r.output_ids) <= set(DIGITS), r.output_ids
         toks = np.array(r.prompt_ids + r.output_ids, np.int32)
