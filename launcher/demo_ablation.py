@@ -2,10 +2,12 @@
 compare when samples are stale, so that what an off-policy correction buys is visible:
 
   sync           max_staleness 0 (every sample from the current policy), decoupled PPO
-  decoupled      max_staleness 4, decoupled PPO (AReaL) with several PPO minibatches per batch when the
-                 trainer has `trainer.algorithm.ppo_minibatches` (otherwise one step per batch)
+  decoupled      max_staleness 4, decoupled PPO (AReaL)
   iw_reinforce   max_staleness 4, importance-weighted REINFORCE: -A pi_theta / pi_behav, no clip, no cap
   no_correction  max_staleness 4, REINFORCE on stale samples as if they were fresh (-A log pi_theta)
+
+All four keep the task's settings, so for sort each takes trainer.algorithm.ppo_minibatches = 4
+optimizer steps per batch: they differ only in staleness and in the objective.
 
 Each run writes its own summary.json and plots under <out>/<variant>/; the ablation writes
 <out>/ablation.json (the key figures of every run) and <out>/ablation.png (held-out reward against
@@ -23,9 +25,6 @@ from launcher.demo import DemoOptions, run_demo
 
 log = logging.getLogger("jetrl.demo")
 
-PPO_MINIBATCHES = 4  # decoupled variant, when the trainer supports minibatches
-
-
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -34,24 +33,25 @@ class Variant:
     label: str
 
 
-def has_ppo_minibatches() -> bool:
-    from shared.config.trainer import AlgorithmConfig
+def demo_minibatches(task: str) -> int:
+    """trainer.algorithm.ppo_minibatches of the demo's settings for `task` (1 when unset)."""
+    from launcher.demo import demo_settings
 
-    return "ppo_minibatches" in AlgorithmConfig.model_fields
+    return int(demo_settings(task=task)["trainer"]["algorithm"].get("ppo_minibatches", 1))
 
 
-def variants(minibatches: bool | None = None) -> list[Variant]:
-    """The runs of the ablation, in order."""
-    mb = has_ppo_minibatches() if minibatches is None else minibatches
-    decoupled = (f"trainer.algorithm.ppo_minibatches={PPO_MINIBATCHES}",) if mb else ()
+def variants(task: str = "sort") -> list[Variant]:
+    """The runs of the ablation, in order. All keep the task's settings (for sort: 4 PPO minibatches, so
+    every run takes the same optimizer steps); they differ in staleness and objective only."""
+    k = demo_minibatches(task)
+    steps = f", {k} minibatches" if k > 1 else ""
     return [
-        Variant("sync", 0, (), "max_staleness 0, decoupled PPO"),
-        Variant("decoupled", 4, decoupled,
-                "max_staleness 4, decoupled PPO" + (f" ({PPO_MINIBATCHES} minibatches)" if mb else "")),
+        Variant("sync", 0, (), f"max_staleness 0, decoupled PPO{steps}"),
+        Variant("decoupled", 4, (), f"max_staleness 4, decoupled PPO{steps}"),
         Variant("iw_reinforce", 4, ("trainer.algorithm.objective=iw_reinforce", "trainer.algorithm.decoupled=false"),
-                "max_staleness 4, IW-REINFORCE"),
+                f"max_staleness 4, IW-REINFORCE{steps}"),
         Variant("no_correction", 4, ("trainer.algorithm.objective=reinforce",),
-                "max_staleness 4, no correction"),
+                f"max_staleness 4, no correction{steps}"),
     ]
 
 
@@ -75,10 +75,7 @@ async def ablation_main(opts: DemoOptions) -> int:
 
     console = Console()
     out = opts.out.resolve()
-    runs = variants()
-    if not has_ppo_minibatches():
-        console.print("[yellow]note:[/] this trainer has no trainer.algorithm.ppo_minibatches: the decoupled run "
-                      "takes one optimizer step per batch")
+    runs = variants(opts.task)
     results, code = [], 0
     for v in runs:
         console.print(f"[bold]ablation[/] {v.name}: {v.label}")

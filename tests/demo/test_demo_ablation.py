@@ -27,9 +27,8 @@ def test_sort_settings_limit_answers_to_six_digits_scored_by_the_sort_scorer():
         demo_settings(task="reverse")
 
 
-@pytest.mark.parametrize("minibatches", [True, False])
-def test_ablation_variants_validate_and_differ_as_documented(tmp_path, minibatches):
-    runs = variants(minibatches)
+def test_ablation_variants_validate_and_differ_as_documented(tmp_path):
+    runs = variants("sort")
     assert [v.name for v in runs] == ["sync", "decoupled", "iw_reinforce", "no_correction"]
     assert [v.max_staleness for v in runs] == [0, 4, 4, 4]
     cfgs = {}
@@ -40,8 +39,7 @@ def test_ablation_variants_validate_and_differ_as_documented(tmp_path, minibatch
     assert a["sync"].objective == a["decoupled"].objective == "ppo" and a["decoupled"].decoupled
     assert a["iw_reinforce"].objective == "iw_reinforce" and not a["iw_reinforce"].decoupled
     assert a["no_correction"].objective == "reinforce"
-    if minibatches:
-        assert a["decoupled"].ppo_minibatches > 1
+    assert {x.ppo_minibatches for x in a.values()} == {4}  # the same optimizer steps in every run
     assert all(c.schedule.max_staleness == (0 if k == "sync" else 4) for k, c in cfgs.items())
 
 
