@@ -91,9 +91,9 @@ async def ablation_main(opts: DemoOptions) -> int:
         t.add_column(col)
     for r in results:
         if r.get("failed"):
-            t.add_row(r["label"], "failed", "-", "-", "-", "-")
+            t.add_row(r["variant"], "failed", "-", "-", "-", "-")
             continue
-        t.add_row(r["label"], f"{_f(r['initial_heldout_reward'])} -> {_f(r['final_heldout_reward'])}",
+        t.add_row(r["variant"], f"{_f(r['initial_heldout_reward'])} -> {_f(r['final_heldout_reward'])}",
                   str(r["versions"]), str(r["train_seconds"]), str(r["first_version_at_target"] or "-"),
                   str(r["first_seconds_at_target"] or "-"))
     console.print(t)
