@@ -1,7 +1,8 @@
 """`jetrl demo`: `jetrl up` with the embedded defaults, on a task a tiny model learns in minutes.
 
 Embedded NATS, SQLite, the local engine, the tiny policy (2 layers, hidden 64, built from the config),
-and the `maxdigit` task (launcher/demo_task.py): "max 3 8 1 5 2 =" -> "8". The training set is
+and the `maxdigit` task (launcher/demo_task.py): "max 3 8 1 5 2 =" -> "8", or with `--task sort`
+"sort 3 8 1 5 2 0 =" -> "012358" (six answer tokens, partial credit). The training set is
 enqueued over the REST API like any dataset; the eval process scores the held-out set every
 `--eval-every` versions; at the end the demo evaluates version 0 and the final version (if the eval
 process has not already), then writes summary.json, plots and a table (launcher/demo_report.py).
@@ -9,7 +10,8 @@ process has not already), then writes summary.json, plots and a table (launcher/
 Settings measured on this model and task (GRPO, std-normalised): one answer token
 (max_new_tokens = 1), lr 1e-3 with cosine decay to 1e-4, group size 8, 16 prompts per step ->
 held-out greedy accuracy from ~0.1 to > 0.9 in ~150 versions. Longer answers add gradient noise and
-plateau lower.
+plateau lower. The sort settings are below (SORT_OPTIM, SORT_ALGORITHM); it does not reach 0.9 in
+minutes (docs/benchmarks.md, "sort-6").
 """
 
 from __future__ import annotations
