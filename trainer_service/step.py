@@ -22,7 +22,9 @@ from trainer_service.packing import (
     TrainItem,
     dummy_item,
     pack,
+    pack_shared,
     plan_micro_batches,
+    plan_shared_micro_batches,
     split_for_ranks,
 )
 
@@ -50,13 +52,18 @@ def lr_lambda(cfg: TrainerConfig, total_steps: int):
 
 
 def micro_batches_for_rank(items: Sequence[TrainItem], budget: int, rank: int, world: int,
-                           all_reduce_max) -> list[PackedBatch]:
-    """This rank's packed micro-batches; every rank ends up with the same number (zero-weight fillers)."""
+                           all_reduce_max, shared_prompts: bool = False) -> list[PackedBatch]:
+    """This rank's packed micro-batches; every rank ends up with the same number (zero-weight fillers).
+    shared_prompts: pack each prompt group's common prefix once (packing.pack_shared)."""
     shares = split_for_ranks([it.length for it in items], world)
     mine = [items[i] for i in shares[rank]]
-    plan = plan_micro_batches([it.length for it in mine], budget)
+    if shared_prompts:
+        plan = plan_shared_micro_batches(mine, budget)
+        batches = [pack_shared([mine[i] for i in idx]) for idx in plan]
+    else:
+        plan = plan_micro_batches([it.length for it in mine], budget)
+        batches = [pack([mine[i] for i in idx]) for idx in plan]
     n = all_reduce_max(len(plan))
-    batches = [pack([mine[i] for i in idx]) for idx in plan]
     while len(batches) < n:
         batches.append(pack([dummy_item()]))
     return batches
@@ -100,7 +107,7 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
         assign_coefficients(part, cfg, norm_length)
         minis.append([m.to(backend.device) for m in
                       micro_batches_for_rank(part, cfg.micro_batch_tokens, backend.rank, backend.world_size,
-                                             backend.all_reduce_max)])
+                                             backend.all_reduce_max, getattr(backend, "shared_prompts", False))])
     prox: list[list[torch.Tensor]] | None = None
     if a.decoupled and len(minis) > 1:
         with torch.no_grad():
