@@ -22,7 +22,9 @@ from trainer_service.packing import (
     TrainItem,
     dummy_item,
     pack,
+    pack_shared,
     plan_micro_batches,
+    plan_shared_micro_batches,
     split_for_ranks,
 )
 
@@ -50,13 +52,18 @@ def lr_lambda(cfg: TrainerConfig, total_steps: int):
 
 
 def micro_batches_for_rank(items: Sequence[TrainItem], budget: int, rank: int, world: int,
-                           all_reduce_max) -> list[PackedBatch]:
-    """This rank's packed micro-batches; every rank ends up with the same number (zero-weight fillers)."""
+                           all_reduce_max, shared_prompts: bool = False) -> list[PackedBatch]:
+    """This rank's packed micro-batches; every rank ends up with the same number (zero-weight fillers).
+    shared_prompts: pack each prompt group's common prefix once (packing.pack_shared)."""
     shares = split_for_ranks([it.length for it in items], world)
     mine = [items[i] for i in shares[rank]]
-    plan = plan_micro_batches([it.length for it in mine], budget)
+    if shared_prompts:
+        plan = plan_shared_micro_batches(mine, budget)
+        batches = [pack_shared([mine[i] for i in idx]) for idx in plan]
+    else:
+        plan = plan_micro_batches([it.length for it in mine], budget)
+        batches = [pack([mine[i] for i in idx]) for idx in plan]
     n = all_reduce_max(len(plan))
-    batches = [pack([mine[i] for i in idx]) for idx in plan]
     while len(batches) < n:
         batches.append(pack([dummy_item()]))
     return batches
@@ -100,17 +107,21 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
         assign_coefficients(part, cfg, norm_length)
         minis.append([m.to(backend.device) for m in
                       micro_batches_for_rank(part, cfg.micro_batch_tokens, backend.rank, backend.world_size,
-                                             backend.all_reduce_max)])
+                                             backend.all_reduce_max, getattr(backend, "shared_prompts", False))])
     prox: list[list[torch.Tensor]] | None = None
+    clock = {"prox_s": 0.0, "forward_s": 0.0, "backward_s": 0.0, "optim_s": 0.0}
+    t = time.perf_counter()
     # `reinforce` (no correction) never reads pi_prox: no proximal pass for it.
     if a.decoupled and len(minis) > 1 and a.objective != "reinforce":
         with torch.no_grad():
             prox = [[backend.forward(m, which="policy", entropy=False)[0].detach() for m in micro] for micro in minis]
+    clock["prox_s"] = time.perf_counter() - t
     sums = torch.zeros(len(minis), len(STAT_KEYS), dtype=torch.float64)
     norms = []
     for j, micro in enumerate(minis):
         backend.zero_grad()
         for i, m in enumerate(micro):
+            t = time.perf_counter()
             logp, entropy = backend.forward(m, which="policy", grad=True)
             if prox is not None:
                 prox_logp = prox[j][i]
@@ -130,8 +141,11 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
             tok = tok + a.kl_coef * kl - a.entropy_coef * entropy
             w = m.mask * m.coef
             loss = (tok * w).sum()
+            clock["forward_s"] += time.perf_counter() - t
+            t = time.perf_counter()
             # Backends average gradients over ranks; the loss is a sum over the whole batch, so scale back.
             backend.backward(loss * backend.world_size)
+            clock["backward_s"] += time.perf_counter() - t
             with torch.no_grad():
                 mk = m.mask
                 sums[j] += torch.tensor([
@@ -140,7 +154,9 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
                     float((terms.behav_weight * mk).sum()), float((terms.ratio * mk).sum()), float(mk.sum()),
                     float(m.num_tokens if m.coef.abs().sum() > 0 else 0), float((m.advantages.abs() * mk).sum()),
                 ], dtype=torch.float64)
+        t = time.perf_counter()
         norms.append(backend.clip_and_step(cfg.optim.grad_clip))
+        clock["optim_s"] += time.perf_counter() - t
     per = backend.all_reduce_sum(sums)
     s = dict(zip(STAT_KEYS, per.sum(0).tolist(), strict=True))
     n = max(s["loss_tokens"], 1.0)
@@ -157,4 +173,5 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
         "minibatch_loss": [float(r[loss_col]) for r in per],
         "minibatch_clip_frac": [float(r[clip_col]) / max(float(r[tok_col]), 1.0) for r in per],
         "step_time_s": dt, "tokens_per_s": s["tokens"] / dt if dt > 0 else 0.0,
+        **clock,  # this rank's seconds in the proximal pass, training forwards, backwards, optimizer steps
     }

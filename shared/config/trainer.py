@@ -183,6 +183,14 @@ class TrainerConfig(Section):
         "[tokens x vocabulary] tensor of a micro-batch exists. 0 = one full-logits pass, then the loss "
         "positions (more memory; models whose logits are not the head's plain linear map always use it).",
     )
+    shared_prompt_packing: bool = Field(
+        True,
+        description="Pack each prompt group's common prompt once per micro-batch: every completion attends to it "
+        "and to itself (block mask, position ids continuing after the prompt), so the prompt's forward and "
+        "backward run once instead of group_size times; the loss and gradients equal unshared packing. Needs "
+        "the varlen attention (the CPU default; `auto` picks it over flash-attention when this is on); with "
+        "sdpa/eager/flash_attention_2 or the megatron backend sequences are packed unshared.",
+    )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
     attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto",

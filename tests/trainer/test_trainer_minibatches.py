@@ -40,7 +40,7 @@ def _old_single_step(backend: FSDPBackend, items, cfg) -> None:
     """The update before ppo_minibatches existed: a no-grad proximal pass, then one optimizer step."""
     a = cfg.trainer.algorithm
     assign_coefficients(items, cfg.trainer, 64)
-    micro = micro_batches_for_rank(items, cfg.trainer.micro_batch_tokens, 0, 1, lambda n: n)
+    micro = micro_batches_for_rank(items, cfg.trainer.micro_batch_tokens, 0, 1, lambda n: n, backend.shared_prompts)
     with torch.no_grad():
         prox = [backend.forward(m)[0] for m in micro]
     backend.zero_grad()
@@ -100,7 +100,8 @@ def test_later_minibatches_clip_against_the_proximal_policy_from_before_the_firs
 
     # The second minibatch's micro-batches are the last calls; recompute them on the initial model.
     halves = [[items[i] for i in r] for r in split_minibatches(len(items), 2)]
-    micro2 = micro_batches_for_rank(halves[1], backend.cfg.trainer.micro_batch_tokens, 0, 1, lambda n: n)
+    micro2 = micro_batches_for_rank(halves[1], backend.cfg.trainer.micro_batch_tokens, 0, 1, lambda n: n,
+                                    backend.shared_prompts)
     for m, (logp, prox, behav, terms) in zip(micro2, seen[-len(micro2):], strict=True):
         mk = m.mask > 0
         with torch.no_grad():

@@ -29,12 +29,12 @@ from trainer_service.step import lr_lambda
 log = logging.getLogger("jetrl.trainer.fsdp")
 
 
-def _attn_impl(choice: str, device: torch.device) -> str:
+def _attn_impl(choice: str, device: torch.device, shared_prompts: bool = False) -> str:
     if choice == "varlen":
         return varlen.register()
     if choice != "auto":
         return choice
-    if device.type == "cuda":
+    if device.type == "cuda" and not shared_prompts:
         try:
             import flash_attn  # noqa: F401
 
@@ -62,7 +62,12 @@ class FSDPBackend(DistMixin):
         dtype = t.dtype if t.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
         self.autocast_dtype = torch.bfloat16 if dtype == "bfloat16" else None
         model, self.tokenizer = load_policy(cfg.model, "cpu")
-        model.config._attn_implementation = _attn_impl(t.attn_implementation, self.device)
+        model.config._attn_implementation = _attn_impl(t.attn_implementation, self.device, t.shared_prompt_packing)
+        # Shared-prompt rows need the varlen attention (it reads the segments); others pack unshared.
+        self.shared_prompts = t.shared_prompt_packing and model.config._attn_implementation == varlen.NAME
+        if t.shared_prompt_packing and not self.shared_prompts:
+            log.info("trainer.shared_prompt_packing: off with attn_implementation %s (needs varlen)",
+                     model.config._attn_implementation)
         model.config.use_cache = False
         self._hf_config = copy.deepcopy(model.config)
         model.to(self.device, dtype=torch.float32)  # fp32 master weights; bf16 compute via autocast
@@ -105,6 +110,10 @@ class FSDPBackend(DistMixin):
         longest = max(m.lengths)
         kw = dict(input_ids=m.input_ids, position_ids=m.position_ids, use_cache=False, cu_seq_lens_q=m.cu_seqlens,
                   cu_seq_lens_k=m.cu_seqlens, max_length_q=longest, max_length_k=longest)
+        if m.segments is not None:
+            if model.config._attn_implementation != varlen.NAME:
+                raise ValueError("a shared-prompt micro-batch needs trainer.attn_implementation varlen")
+            kw["jetrl_segments"] = m.segments
         if t.logprob_chunk_tokens > 0 and self._chunkable:
             pos = loss_positions(m.mask)
             with ctx, self._autocast(), loss_position_head(model, pos, m.targets, t.logprob_chunk_tokens, mode,
