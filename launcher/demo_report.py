@@ -43,8 +43,24 @@ def throughput(steps: list[dict]) -> list[list[float]]:
     return out
 
 
-def summarise_run(opts, launcher, ledger: dict, train_s: float, final_version: int) -> dict:
+def version_times(steps: list[dict], start: float) -> dict[int, float]:
+    """{version: seconds after `start` when the trainer published it}; version 0 at 0."""
+    out = {0: 0.0}
+    for s in steps:
+        if s.get("version") is not None and s.get("time") is not None:
+            out[int(s["version"])] = round(float(s["time"]) - start, 2)
+    return out
+
+
+def heldout_vs_time(curve: list[list[float]], times: dict[int, float]) -> list[list[float]]:
+    """[[seconds when the version existed, version, held-out reward], ...] for the versions with a time."""
+    return [[times[int(v)], v, r] for v, r in curve if int(v) in times]
+
+
+def summarise_run(opts, launcher, ledger: dict, train_s: float, final_version: int,
+                  start_time: float | None = None) -> dict:
     steps, curve = launcher.steps, heldout_curve(launcher.evals)
+    times = version_times(steps, steps[0]["time"] if start_time is None and steps else (start_time or 0.0))
     by_v = dict((int(v), r) for v, r in curve)
     accounted = (ledger.get("trained", 0) + ledger.get("dropped_stale", 0) + ledger.get("filtered", 0)
                  + ledger.get("dead_lettered", 0) + ledger.get("in_flight", 0))
@@ -53,7 +69,7 @@ def summarise_run(opts, launcher, ledger: dict, train_s: float, final_version: i
     first_at_target = next((v for v, r in curve if r >= TARGET), None)
     return {
         "run": launcher.run,
-        "task": "maxdigit",
+        "task": getattr(opts, "task", "maxdigit"),
         "engine": opts.engine,
         "workers": opts.workers,
         "max_staleness": opts.max_staleness,
@@ -75,6 +91,9 @@ def summarise_run(opts, launcher, ledger: dict, train_s: float, final_version: i
         "train_seconds": round(train_s, 1),
         "samples_per_s": round(samples / train_s, 2) if train_s > 0 else 0.0,
         "heldout_curve": curve,
+        "heldout_vs_seconds": heldout_vs_time(curve, times),
+        "first_seconds_at_target": next((t for t, _, r in heldout_vs_time(curve, times) if r >= TARGET), None),
+        "overrides": list(getattr(opts, "overrides", [])),
         "staleness_hist": staleness_hist(steps),
         "run_dir": str(launcher.opts.run_dir),
     }
@@ -124,7 +143,7 @@ def write_outputs(out: Path, summary: dict, steps: list[dict], evals: list[dict]
         ax.plot([v for v, _ in train], [r for _, r in train], alpha=0.4, label="training batch (sampled)")
     ax.axhline(summary["target"], color="grey", linestyle="--", linewidth=0.8)
     ax.set(xlabel="policy version", ylabel="reward", ylim=(0, 1.02),
-           title=f"maxdigit, max_staleness {summary['max_staleness']}")
+           title=f"{summary.get('task', 'maxdigit')}, max_staleness {summary['max_staleness']}")
     ax.legend(loc="lower right")
     paths.append(_save(fig, out / "heldout_reward.png"))
     hist = summary["staleness_hist"]

@@ -15,8 +15,9 @@ def up_cmd(
     run_dir: str = typer.Option("", "--run-dir", help="Logs, resolved config and state ('' = jetrl-runs/<run>)."),
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Rollout worker processes."),
     reward_replicas: int = typer.Option(1, "--reward-replicas", min=1, help="Reward service processes."),
-    dataset: str = typer.Option("", "--dataset", help="Register this JSONL/Parquet file and enqueue it."),
-    epochs: int = typer.Option(1, min=1, help="Passes over --dataset."),
+    dataset: str = typer.Option("", "--dataset", help="Register this JSONL/Parquet file and enqueue it "
+                                "(default: launch.dataset)."),
+    epochs: int = typer.Option(None, min=1, help="Passes over --dataset (default: launch.epochs)."),
     shuffle_seed: int = typer.Option(None, "--shuffle-seed", help="Shuffle --dataset per epoch with this seed."),
     keep_running: bool = typer.Option(False, "--keep-running", help="Stay up after the trainer finished total_steps."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and every command; start nothing."),
@@ -29,8 +30,13 @@ def up_cmd(
     from launcher.up import UpOptions, dry_run_text, up_main
 
     cfg = load_or_exit(config, overrides)
+    flag = "--dataset" if dataset else "launch.dataset"
+    if not dataset:
+        dataset, epochs = cfg.launch.dataset, epochs or cfg.launch.epochs
+        shuffle_seed = cfg.launch.shuffle_seed if shuffle_seed is None else shuffle_seed
+    epochs = epochs or 1
     if dataset and not Path(dataset).is_file():
-        typer.secho(f"--dataset {dataset!r}: no such file", fg="red", err=True)
+        typer.secho(f"{flag} {dataset!r}: no such file", fg="red", err=True)
         raise typer.Exit(2)
     opts = UpOptions(run_dir=Path(run_dir or f"jetrl-runs/{cfg.run}"), workers=workers,
                      reward_replicas=reward_replicas, echo_logs=not quiet)
@@ -51,19 +57,32 @@ def demo_cmd(
     eval_every: int = typer.Option(5, "--eval-every", min=1, help="Evaluate the held-out set every N versions."),
     seed: int = typer.Option(0, "--seed", help="Seed of the data and the tiny model."),
     no_panel: bool = typer.Option(False, "--no-panel", help="Print progress lines instead of the live panel."),
+    task: str = typer.Option(None, "--task",
+                             help="maxdigit (one answer token; the default) or sort (six digits in order, "
+                                  "partial credit; the default of --ablation)."),
+    ablation: bool = typer.Option(
+        False, "--ablation",
+        help="Run the task four times, one after another: max_staleness 0, and max_staleness 4 with decoupled "
+             "PPO, with importance-weighted REINFORCE and with no correction; one plot of all (ablation.png)."),
     overrides: list[str] = OVERRIDES_ARG,
 ) -> None:
     """Asynchronous RL that visibly learns on a laptop: a tiny model learns `maxdigit` ("max 3 8 1 5 2 ="
-    -> "8") from chance to >= 0.9 held-out reward; summary.json and plots in --out."""
+    -> "8") or `sort` ("sort 3 8 1 5 2 0 =" -> "012358") from chance to >= 0.9 held-out reward;
+    summary.json and plots in --out."""
     from launcher.demo import DemoOptions, demo_main
+    from launcher.demo_ablation import ablation_main
 
     if engine not in ("local", "vllm"):
         typer.secho(f"--engine {engine!r}: use local or vllm", fg="red", err=True)
         raise typer.Exit(2)
+    task = task or ("sort" if ablation else "maxdigit")
+    if task not in ("maxdigit", "sort"):
+        typer.secho(f"--task {task!r}: use maxdigit or sort", fg="red", err=True)
+        raise typer.Exit(2)
     opts = DemoOptions(out=Path(out), minutes=minutes, steps=steps, workers=workers, max_staleness=max_staleness,
-                       engine=engine, eval_every=eval_every, seed=seed, panel=not no_panel,
+                       engine=engine, eval_every=eval_every, seed=seed, panel=not no_panel, task=task,
                        overrides=list(overrides or []))
-    raise typer.Exit(run_async(demo_main(opts)))
+    raise typer.Exit(run_async(ablation_main(opts) if ablation else demo_main(opts)))
 
 
 def eval_cmd(

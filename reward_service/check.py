@@ -27,6 +27,7 @@ SAMPLES: dict[str, tuple[list[str], Any, list[float]]] = {
     "exact": (["hello", "  hello\n", "goodbye"], "hello", [1.0, 1.0, 0.0]),
     "gsm8k": (["so #### 42", "The answer is 41."], "#### 42", [1.0, 0.0]),
     "maxdigit": ([" 8", "3"], "8", [1.0, 0.0]),
+    "sort": (["012358", "012999", ""], "012358", [1.0, 0.5, 0.0]),
     "math": (["$\\boxed{\\frac{1}{2}}$", "$3$"], "0.5", [1.0, 0.0]),
     "regex": (["abc123", "xyz"], "\\d+", [1.0, 0.0]),
     "code": (["def f(x):\n    return x + 1\n", "def f(x):\n    return x\n"], ["assert f(1) == 2"], [1.0, 0.0]),

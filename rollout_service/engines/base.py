@@ -30,6 +30,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # in addition to the tokenizer's EOS
     seed: int | None = None
     ignore_eos: bool = False  # keep generating past EOS (benchmarks with fixed lengths)
+    allowed_token_ids: list[int] = field(default_factory=list)  # sample only these ids ([] = any)
 
     @classmethod
     def from_config(cls, cfg: SamplingConfig, overrides: dict[str, Any] | None = None) -> SamplingParams:
@@ -38,6 +39,11 @@ class SamplingParams:
         for k, v in (overrides or {}).items():
             if k not in values:
                 raise ValueError(f"sampling.{k}: unknown sampling parameter (known: {', '.join(values)})")
+            if k == "allowed_token_ids" and list(v) != list(values[k]):
+                # The trainer masks its logprobs with the run's list; a per-task list would train on
+                # logprobs of a different distribution than the one sampled.
+                raise ValueError("sampling.allowed_token_ids: set it in the run config "
+                                 "(rollout.sampling.allowed_token_ids), not per task")
             values[k] = v
         return cls(**values)
 

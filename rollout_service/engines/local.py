@@ -11,7 +11,8 @@ computes. Only that thread touches the model and the KV cache. An iteration:
 3. decodes one token for every running row, then drops the rows that finished.
 
 Logprobs are those of the raw model distribution (log_softmax of the logits, before temperature /
-top-k / top-p), like vLLM's default; the tokens are drawn from the filtered distribution with the
+top-k / top-p), like vLLM's default, restricted to `sampling.allowed_token_ids` when set (the trainer
+applies the same mask); the tokens are drawn from the filtered distribution with the
 request's own torch.Generator, so a seeded request gives the same tokens alone or in any batch.
 """
 
@@ -33,6 +34,7 @@ from rollout_service.engines.base import Engine, GenerateRequest, GenerateResult
 from rollout_service.engines.kvbatch import KVBatch
 from rollout_service.engines.sampling import StopChecker, check_sampling, make_generator, sample_rows
 from shared.config import JetrlConfig
+from shared.logits_mask import allowed_vector, mask_logits
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +170,7 @@ class LocalEngine(Engine):
         bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"generate: prompt token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        allowed_vector(req.sampling.allowed_token_ids, vocab)  # ids outside the vocabulary: ValueError
         seq = _Seq(
             req=req,
             future=asyncio.get_running_loop().create_future(),
@@ -390,6 +393,7 @@ class LocalEngine(Engine):
             return
         logits = logits[live]
         live_seqs = [seqs[i] for i in live]
+        logits = self._mask_allowed(logits, live_seqs)
         tokens = sample_rows(logits, [s.req.sampling for s in live_seqs], [s.generator for s in live_seqs])
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
         version = self._version
@@ -400,6 +404,16 @@ class LocalEngine(Engine):
             s.versions.append(version)
             s.finish_reason = s.stop.finish_reason(s.output_ids)
         self._tokens_total += len(live_seqs)
+
+    def _mask_allowed(self, logits: torch.Tensor, seqs: list[_Seq]) -> torch.Tensor:
+        """sampling.allowed_token_ids: the same logits mask as the trainer's (shared/logits_mask.py), so the
+        recorded logprobs are those of the softmax over the allowed ids."""
+        if not any(s.req.sampling.allowed_token_ids for s in seqs):
+            return logits
+        vocab = logits.shape[-1]
+        rows = [allowed_vector(s.req.sampling.allowed_token_ids, vocab, logits.device) for s in seqs]
+        full = torch.ones(vocab, dtype=torch.bool, device=logits.device)
+        return mask_logits(logits, torch.stack([full if r is None else r for r in rows]))
 
     def _drop_rows(self, finished: list[_Seq], aborted_only: bool = False) -> None:
         keep, rows = [], []

@@ -34,6 +34,8 @@ def generate_body(segment_id: str, prompt_ids: list[int], p: SamplingParams) -> 
         sp["sampling_seed"] = int(p.seed)
     if p.ignore_eos:
         sp["ignore_eos"] = True
+    if p.allowed_token_ids:  # the config refuses it for sglang; a request must not slip through unmasked
+        raise ValueError("sampling.allowed_token_ids: the sglang engine cannot honour it (use local or vllm)")
     return {"input_ids": prompt_ids, "rid": segment_id, "sampling_params": sp, "return_logprob": True}
 
 

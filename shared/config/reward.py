@@ -28,7 +28,7 @@ class RewardConfig(Section):
     executor: Literal["auto", "inline", "thread", "process"] = Field(
         "auto",
         description="Where scoring runs: inline (event loop), thread, process (killable pool). auto = the "
-        "built-in's choice (gsm8k/exact/maxdigit inline, math/regex process, code thread; custom: thread).",
+        "built-in's choice (gsm8k/exact/maxdigit/sort inline, math/regex process, code thread; custom: thread).",
     )
     concurrency: int = Field(64, ge=1, description="Requests one service process scores at once.")
     processes: int = Field(0, ge=0, description="Size of the process pool for `process` scorers (0 = CPU count).")

@@ -20,6 +20,13 @@ class SamplingConfig(Section):
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop token ids (EOS always stops).")
     seed: int | None = Field(None, description="Sampling seed (None = random).")
     ignore_eos: bool = Field(False, description="Do not stop at EOS (stop_token_ids still stop); for benchmarks.")
+    allowed_token_ids: list[int] = Field(
+        default_factory=list,
+        description="Sample only these token ids ([] = any). The behaviour logprobs are then those of the "
+        "softmax over the allowed ids, and the trainer applies the same logits mask to generated tokens "
+        "(shared/logits_mask.py). Honoured by the local and vllm engines; sglang refuses it. EOS stops a "
+        "sequence only if it is allowed.",
+    )
 
 
 class RolloutConfig(Section):
@@ -53,4 +60,19 @@ class RolloutConfig(Section):
         if self.sampling.max_new_tokens > svc.max_new_tokens:
             raise ValueError(f"rollout.sampling.max_new_tokens {self.sampling.max_new_tokens} is over "
                              f"rollout.service.max_new_tokens {svc.max_new_tokens}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_allowed_tokens(self) -> RolloutConfig:
+        sp = self.sampling
+        if not sp.allowed_token_ids:
+            return self
+        if self.engine == "sglang":
+            raise ValueError("rollout.sampling.allowed_token_ids: the sglang engine cannot honour it (SGLang has "
+                             "no allowed-token sampling parameter whose logprobs match the trainer's mask); use "
+                             "engine local or vllm, or drop the option")
+        if self.engine == "vllm" and (sp.temperature != 1.0 or sp.top_p < 1.0 or sp.top_k > 0):
+            raise ValueError("rollout.sampling.allowed_token_ids: with engine vllm it needs temperature 1, top_p 1 "
+                             "and top_k 0 (vLLM returns the masked logprobs only as processed logprobs, which "
+                             "also apply temperature / top-k / top-p; the trainer's do not)")
         return self

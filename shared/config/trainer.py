@@ -14,7 +14,7 @@ from shared.config.base import Section
 
 
 class AlgorithmConfig(Section):
-    """The policy-gradient objective (decoupled PPO with group-relative advantages)."""
+    """The policy-gradient objective (decoupled PPO by default), its behaviour correction and advantages."""
 
     adv_estimator: Literal["grpo", "grpo_nostd", "rloo", "reinforce"] = Field(
         "grpo",
@@ -26,19 +26,48 @@ class AlgorithmConfig(Section):
     eps_clip_high: float | None = Field(
         None, gt=0, description="Upper clip (DAPO clip-higher); None = same as eps_clip."
     )
+    objective: Literal["ppo", "gspo", "cispo", "iw_reinforce", "reinforce"] = Field(
+        "ppo",
+        description="Policy loss per token (r = pi_theta/pi_prox, w = the behaviour correction): ppo = w x PPO's "
+        "clipped surrogate (decoupled PPO, AReaL); gspo = the clip on the sequence's geometric-mean ratio "
+        "(GSPO; its paper clips at ~3e-4/4e-4, set eps_clip/eps_clip_high); cispo = -w sg[clip(r)] A log pi "
+        "(CISPO, MiniMax-M1; clip bounds from eps_clip/eps_clip_high); iw_reinforce = -w A r (importance-"
+        "weighted REINFORCE, no clip); reinforce = -A log pi (no correction at all; behaviour weight ignored).",
+    )
     behav_imp_weight_cap: float | None = Field(
         5.0,
         gt=0,
-        description="Cap of the decoupled importance weight pi_prox/pi_behav; tokens above it get weight 0 "
-        "(AReaL); None = no cap.",
+        description="Upper bound of the behaviour correction on pi_prox/pi_behav (see behav_imp_weight_mode); "
+        "None = unbounded importance weights (not allowed for geo_mask / icepop).",
     )
-    behav_imp_weight_mode: Literal["mask", "truncate"] = Field(
-        "mask", description="Above the cap: mask = weight 0 (AReaL), truncate = clamp to the cap."
+    behav_imp_weight_floor: float | None = Field(
+        None,
+        gt=0,
+        description="Lower bound of the band used by geo_mask and icepop (tokens/sequences below it are masked); "
+        "None = 1 / behav_imp_weight_cap.",
+    )
+    behav_imp_weight_mode: Literal["none", "mask", "truncate", "seq_truncate", "geo_mask", "icepop"] = Field(
+        "mask",
+        description="Behaviour correction w from rho = pi_prox/pi_behav per token: none = 1; mask = rho, 0 above "
+        "the cap (masked IS, AReaL); truncate = min(rho, cap) (TIS); seq_truncate = min(product of the "
+        "sequence's rho, cap) on all its tokens (sequence-level IS, verl rollout_corr); geo_mask = 1, or 0 for "
+        "the whole sequence when the geometric mean of its rho leaves [floor, cap] (verl rollout_corr; typical "
+        "band 0.999-1.001); icepop = rho, 0 where rho leaves [floor, cap] (IcePop, Ring-1T; 0.5-5).",
     )
     decoupled: bool = Field(
         True,
         description="Decoupled PPO: proximal logprobs recomputed by the trainer before the update. False = "
         "standard PPO with the behaviour logprobs as the old policy (no recompute pass).",
+    )
+    ppo_minibatches: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps per trained batch (AReaL's ppo_n_minibatches): the batch is split into this "
+        "many minibatches of consecutive samples, one optimizer step each. 1 = one step and no proximal pass "
+        "(pi_prox is the training forward's own logprobs, the PPO ratio is 1 and the clip never acts). k > 1 = "
+        "one extra no-grad forward over the batch before the first minibatch computes pi_prox, so the clip "
+        "(eps_clip / eps_clip_high) acts from the second minibatch on; each minibatch's loss is normalised "
+        "over its own tokens. Capped at the number of samples.",
     )
     normalisation: Literal["token", "sequence", "fixed"] = Field(
         "token",
@@ -56,6 +85,16 @@ class AlgorithmConfig(Section):
     )
     dynamic_filter_eps: float = Field(1e-6, ge=0, description="Rewards within this of each other count as equal.")
 
+    @model_validator(mode="after")
+    def _check_band(self) -> AlgorithmConfig:
+        mode, cap, floor = self.behav_imp_weight_mode, self.behav_imp_weight_cap, self.behav_imp_weight_floor
+        if mode in ("geo_mask", "icepop") and cap is None:
+            raise ValueError(f"trainer.algorithm.behav_imp_weight_cap: {mode} needs an upper bound, got None")
+        if cap is not None and floor is not None and floor >= cap:
+            raise ValueError(f"trainer.algorithm.behav_imp_weight_floor: {floor} must be below "
+                             f"behav_imp_weight_cap ({cap})")
+        return self
+
 
 class OptimConfig(Section):
     """AdamW, gradient clipping and the learning-rate schedule."""
@@ -70,7 +109,8 @@ class OptimConfig(Section):
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 to lr over this many optimizer steps.")
     decay_steps: int = Field(
-        0, ge=0, description="Steps of linear/cosine decay after warmup (0 = schedule.total_steps, or 1000 if 0)."
+        0, ge=0, description="Optimizer steps of linear/cosine decay after warmup (0 = schedule.total_steps x "
+        "algorithm.ppo_minibatches, or 1000 if total_steps is 0)."
     )
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Floor of the decay as a fraction of lr.")
 
@@ -134,6 +174,22 @@ class TrainerConfig(Section):
     sim: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
     micro_batch_tokens: int = Field(
         4096, ge=16, description="Token budget of one packed micro-batch (sequences are concatenated, no padding)."
+    )
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=0,
+        description="Log-probabilities are computed only at loss positions (generated tokens); the output head "
+        "projects those positions this many at a time (logits recomputed per chunk in backward), so no "
+        "[tokens x vocabulary] tensor of a micro-batch exists. 0 = one full-logits pass, then the loss "
+        "positions (more memory; models whose logits are not the head's plain linear map always use it).",
+    )
+    shared_prompt_packing: bool = Field(
+        True,
+        description="Pack each prompt group's common prompt once per micro-batch: every completion attends to it "
+        "and to itself (block mask, position ids continuing after the prompt), so the prompt's forward and "
+        "backward run once instead of group_size times; the loss and gradients equal unshared packing. Needs "
+        "the varlen attention (the CPU default; `auto` picks it over flash-attention when this is on); with "
+        "sdpa/eager/flash_attention_2 or the megatron backend sequences are packed unshared.",
     )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
     attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2"] = Field(

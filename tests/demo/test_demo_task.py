@@ -55,3 +55,20 @@ def test_asking_for_more_prompts_than_exist_is_an_error():
         make_rows(11, seed=0, digits=1)
     with pytest.raises(ValueError, match="distinct 1-digit heldout prompts"):
         make_rows(2, seed=0, digits=1, side="heldout")
+
+
+def test_sort_rows_have_six_digits_and_their_sorted_string_as_reference(tmp_path):
+    from reward_service.scorers.sortdigits import score as sort_score
+
+    for row in make_rows(200, seed=3, digits=6, task="sort"):
+        words = row["prompt"].split(" ")
+        assert words[0] == "sort" and words[-1] == "=" and len(words) == 8
+        assert row["reference"] == "".join(sorted(words[1:-1]))
+        assert sort_score(row["reference"], row["reference"]).reward == 1.0
+    train, held = write_dataset(tmp_path, train=1000, heldout=200, seed=0, task="sort")
+    tr = {json.loads(x)["prompt"] for x in train.read_text().splitlines()}
+    he = {json.loads(x)["prompt"] for x in held.read_text().splitlines()}
+    assert all(p.startswith("sort ") for p in tr | he) and not tr & he
+    assert all(is_heldout(p) for p in he) and not any(is_heldout(p) for p in tr)
+    with pytest.raises(ValueError, match="task"):
+        make_rows(1, seed=0, task="reverse")

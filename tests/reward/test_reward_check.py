@@ -10,7 +10,7 @@ from reward_service.check import run_check
 from shared import subjects
 
 
-@pytest.mark.parametrize("task", ["exact", "gsm8k", "maxdigit", "regex",
+@pytest.mark.parametrize("task", ["exact", "gsm8k", "maxdigit", "sort", "regex",
                                   pytest.param("math", marks=pytest.mark.slow),
                                   pytest.param("code", marks=pytest.mark.slow)])
 async def test_the_python_service_passes_the_suite_for_every_builtin_task(nats_config, nc, task):

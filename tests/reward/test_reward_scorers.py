@@ -1,4 +1,4 @@
-"""exact, regex, maxdigit and math-verify scorers; scorer loading and result normalisation."""
+"""exact, regex, maxdigit, sort and math-verify scorers; scorer loading and result normalisation."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from reward_service.scorers import (
     maxdigit,
     regex,
     scorer_ref,
+    sortdigits,
 )
 from reward_service.scorers import math as math_scorer
 
@@ -41,6 +42,33 @@ def test_maxdigit_rewards_the_largest_digit_first():
     assert maxdigit.score("", "8").reward == 0.0
     with pytest.raises(ValueError, match="one digit"):
         maxdigit.score("8", "88")
+
+
+@pytest.mark.parametrize(
+    ("completion", "reward"),
+    [
+        ("012358", 1.0),
+        ("  012358\n", 1.0),  # leading whitespace is skipped
+        ("0123589999", 1.0),  # past the reference's length: ignored
+        ("012385", 4 / 6),  # the last two swapped
+        ("853210", 0.0),  # reversed: no digit in its place
+        ("0123", 4 / 6),  # too short: the missing two are wrong
+        ("0 1 2 3", 1 / 6),  # spaces take positions: only the first 0 lines up
+        ("", 0.0),
+        ("xyz358", 0.5),
+    ],
+)
+def test_sort_rewards_the_fraction_of_positions_right(completion, reward):
+    s = sortdigits.score(completion, "012358")
+    assert s.reward == pytest.approx(reward)
+    assert s.metrics["exact"] == (1.0 if reward == 1.0 else 0.0)
+
+
+def test_sort_refuses_a_reference_that_is_not_digits():
+    for bad in ("", "0 1 2", 12, None):
+        with pytest.raises(ValueError, match="string of digits"):
+            sortdigits.score("012", bad)
+    assert load_scorer(scorer_ref("sort")) is sortdigits.score
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The decoupled PPO objective and its normalisations (docs/algorithms.md, "Objective").
+"""The policy objectives (decoupled PPO, GSPO, CISPO, REINFORCE) and their normalisations
+(docs/algorithms.md, "Objective").
 
 All functions are pure and work on flat per-token tensors (any shape, same for every argument).
 `mask` is 1.0 on tokens the policy generated and 0.0 elsewhere.
@@ -11,7 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer_service.algorithms.corrections import behaviour_weight, sequence_log_ratio
+
 NORMALISATIONS = ("token", "sequence", "fixed")
+OBJECTIVES = ("ppo", "gspo", "cispo", "iw_reinforce", "reinforce")
 
 
 @dataclass
@@ -25,23 +29,6 @@ class PPOTerms:
     capped: torch.Tensor  # 1.0 where the behaviour weight exceeded the cap
 
 
-def behaviour_weight(prox_logp: torch.Tensor, behav_logp: torch.Tensor, cap: float | None,
-                     mode: str = "mask") -> tuple[torch.Tensor, torch.Tensor]:
-    """pi_prox / pi_behav per token, capped: `mask` zeroes tokens above the cap (AReaL), `truncate`
-    clamps them to the cap (truncated importance sampling). Returns (weight, capped indicator)."""
-    w = torch.exp(prox_logp - behav_logp)
-    if cap is None:
-        return w, torch.zeros_like(w)
-    over = w > cap
-    if mode == "mask":
-        w = torch.where(over, torch.zeros_like(w), w)
-    elif mode == "truncate":
-        w = torch.clamp(w, max=cap)
-    else:
-        raise ValueError(f"behaviour weight mode {mode!r}: use mask or truncate")
-    return w, over.to(w.dtype)
-
-
 def decoupled_ppo_terms(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
@@ -51,23 +38,89 @@ def decoupled_ppo_terms(
     eps_clip_high: float | None = None,
     behav_imp_weight_cap: float | None = None,
     cap_mode: str = "mask",
+    *,
+    floor: float | None = None,
+    mask: torch.Tensor | None = None,
+    seq_index: torch.Tensor | None = None,
 ) -> PPOTerms:
     """Decoupled PPO (Fu et al. 2025, AReaL), per token:
 
-        w     = pi_prox / pi_behav                      (no gradient; capped)
+        w     = behaviour correction of pi_prox / pi_behav  (no gradient; corrections.py)
         r     = pi_theta / pi_prox
         loss  = w * max(-A r, -A clip(r, 1 - eps, 1 + eps_high))
 
     With prox = behav, w = 1 and this is PPO's clipped surrogate (Schulman et al. 2017).
     """
-    high = eps_clip if eps_clip_high is None else eps_clip_high
-    w, capped = behaviour_weight(prox_logp.detach(), behav_logp.detach(), behav_imp_weight_cap, cap_mode)
-    ratio = torch.exp(logp - prox_logp.detach())
+    return policy_terms("ppo", logp, prox_logp, behav_logp, advantages, eps_clip=eps_clip,
+                        eps_clip_high=eps_clip_high, cap=behav_imp_weight_cap, mode=cap_mode, floor=floor,
+                        mask=mask, seq_index=seq_index)
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float):
     unclipped = -advantages * ratio
-    clipped_loss = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + high)
-    loss = torch.maximum(unclipped, clipped_loss)
-    clipped = (clipped_loss > unclipped).to(logp.dtype)
-    return PPOTerms(loss=loss * w, ratio=ratio, behav_weight=w, clipped=clipped, capped=capped)
+    clipped_loss = -advantages * torch.clamp(ratio, low, high)
+    return torch.maximum(unclipped, clipped_loss), (clipped_loss > unclipped)
+
+
+def policy_terms(
+    objective: str,
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+    cap: float | None = None,
+    mode: str = "mask",
+    floor: float | None = None,
+    mask: torch.Tensor | None = None,
+    seq_index: torch.Tensor | None = None,
+) -> PPOTerms:
+    """Per-token policy loss of `objective` (trainer.algorithm.objective), times the behaviour
+    correction w (`mode`, corrections.py). r = pi_theta / pi_prox, lo/hi = 1 - eps_clip, 1 + eps_clip_high:
+
+      ppo           w * max(-A r, -A clip(r, lo, hi))                 (PPO; decoupled PPO, AReaL)
+      gspo          w * max(-A s, -A clip(s, lo, hi)),  s = sg[s_i] * pi_theta / sg[pi_theta],
+                    s_i = exp(mean over sequence i's tokens of log r)   (GSPO-token, Zheng et al. 2025)
+      cispo         -w * sg[clip(r, lo, hi)] * A * log pi_theta        (CISPO, MiniMax-M1 2025)
+      iw_reinforce  -w * A * r                                         (importance-weighted REINFORCE)
+      reinforce     -A * log pi_theta, w = 1                           (no correction at all)
+
+    Gradients: iw_reinforce at theta = prox is -w A grad log pi_theta; cispo's clipped weight carries no
+    gradient, so every token keeps a gradient (unlike PPO's clip, which zeroes it).
+    """
+    high = eps_clip if eps_clip_high is None else eps_clip_high
+    lo, hi = 1.0 - eps_clip, 1.0 + high
+    prox = prox_logp.detach()
+    if mask is None:
+        mask = torch.ones_like(logp)
+    if seq_index is None:
+        seq_index = torch.zeros(logp.shape, dtype=torch.long, device=logp.device)
+    if objective == "reinforce":
+        w, changed = torch.ones_like(logp), torch.zeros_like(logp)
+    else:
+        w, changed = behaviour_weight(prox, behav_logp.detach(), cap, mode, floor=floor, mask=mask,
+                                      seq_index=seq_index)
+    ratio = torch.exp(logp - prox)
+    no_clip = torch.zeros_like(logp)
+    if objective == "ppo":
+        loss, clipped = _clipped_surrogate(ratio, advantages, lo, hi)
+    elif objective == "gspo":
+        seq_log = sequence_log_ratio(logp - prox, mask, seq_index, mean=True)
+        s = torch.exp(seq_log.detach() + logp - logp.detach())
+        loss, clipped = _clipped_surrogate(s, advantages, lo, hi)
+    elif objective == "cispo":
+        r_hat = torch.clamp(ratio, lo, hi).detach()
+        loss = -r_hat * advantages * logp
+        clipped = (ratio < lo) | (ratio > hi)
+    elif objective == "iw_reinforce":
+        loss, clipped = -advantages * ratio, no_clip
+    elif objective == "reinforce":
+        loss, clipped = -advantages * logp, no_clip
+    else:
+        raise ValueError(f"trainer.algorithm.objective: unknown objective {objective!r}; use one of {OBJECTIVES}")
+    return PPOTerms(loss=loss * w, ratio=ratio, behav_weight=w, clipped=clipped.to(logp.dtype), capped=changed)
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
