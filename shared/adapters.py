@@ -153,3 +153,30 @@ def check_base(manifest: dict, served: BaseModel) -> None:
             f"weight version {manifest.get('version')} of run {manifest.get('run')!r} is a LoRA adapter on base "
             f"{a.get('base_model')!r} (sha256 {str(a.get('base_sha256'))[:12]}...), but this worker serves "
             f"{served.id!r} (sha256 {served.sha256[:12]}...): set model.* to the trainer's base model")
+
+
+def check_version_base(path: str | Path, model_cfg: ModelConfig) -> None:
+    """For a fetched version dir: when its manifest says `kind: lora`, raise BaseMismatch unless
+    `model_cfg` is the adapter's base. Full versions (and dirs without a manifest) pass."""
+    mf = Path(path) / "manifest.json"
+    if not mf.is_file():
+        return
+    manifest = json.loads(mf.read_bytes())
+    if manifest.get("kind") == "lora":
+        check_base(manifest, base_fingerprint(model_cfg))
+
+
+def merge_into(model, adapter_dir: str | Path) -> None:
+    """Merge the adapter in `adapter_dir` into `model`'s weights, in place (W += alpha/r B A;
+    modules_to_save replaced). Checks every name and shape before changing anything."""
+    deltas, replace = merged_weights(read_adapter(adapter_dir))
+    own = model.state_dict()
+    new = {**deltas, **replace}
+    bad = sorted(k for k in new if k not in own or tuple(own[k].shape) != tuple(new[k].shape))
+    if bad:
+        raise ValueError(f"LoRA adapter {adapter_dir}: does not fit the model (unknown or wrong-shape tensors {bad[:5]})")
+    with torch.no_grad():
+        for k, d in deltas.items():
+            own[k].copy_((own[k].float() + d).to(own[k].dtype))
+        for k, v in replace.items():
+            own[k].copy_(v.to(own[k].dtype))
