@@ -15,8 +15,9 @@ def up_cmd(
     run_dir: str = typer.Option("", "--run-dir", help="Logs, resolved config and state ('' = jetrl-runs/<run>)."),
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Rollout worker processes."),
     reward_replicas: int = typer.Option(1, "--reward-replicas", min=1, help="Reward service processes."),
-    dataset: str = typer.Option("", "--dataset", help="Register this JSONL/Parquet file and enqueue it."),
-    epochs: int = typer.Option(1, min=1, help="Passes over --dataset."),
+    dataset: str = typer.Option("", "--dataset", help="Register this JSONL/Parquet file and enqueue it "
+                                "(default: launch.dataset)."),
+    epochs: int = typer.Option(None, min=1, help="Passes over --dataset (default: launch.epochs)."),
     shuffle_seed: int = typer.Option(None, "--shuffle-seed", help="Shuffle --dataset per epoch with this seed."),
     keep_running: bool = typer.Option(False, "--keep-running", help="Stay up after the trainer finished total_steps."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and every command; start nothing."),
@@ -29,8 +30,13 @@ def up_cmd(
     from launcher.up import UpOptions, dry_run_text, up_main
 
     cfg = load_or_exit(config, overrides)
+    flag = "--dataset" if dataset else "launch.dataset"
+    if not dataset:
+        dataset, epochs = cfg.launch.dataset, epochs or cfg.launch.epochs
+        shuffle_seed = cfg.launch.shuffle_seed if shuffle_seed is None else shuffle_seed
+    epochs = epochs or 1
     if dataset and not Path(dataset).is_file():
-        typer.secho(f"--dataset {dataset!r}: no such file", fg="red", err=True)
+        typer.secho(f"{flag} {dataset!r}: no such file", fg="red", err=True)
         raise typer.Exit(2)
     opts = UpOptions(run_dir=Path(run_dir or f"jetrl-runs/{cfg.run}"), workers=workers,
                      reward_replicas=reward_replicas, echo_logs=not quiet)

@@ -53,6 +53,9 @@ class PackedBatch:
     cu_seqlens: torch.Tensor  # [n+1] int32 sequence boundaries
     seq_index: torch.Tensor  # [T] long: which sequence of the micro-batch each position belongs to
     lengths: list[int] = field(default_factory=list)
+    # Shared-prompt packing (pack_shared): one (start, prefix_len, [branch lengths]) per segment of the
+    # row: the prefix once, then each branch, which attends to the prefix and causally to itself.
+    segments: list[tuple[int, int, list[int]]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -61,7 +64,7 @@ class PackedBatch:
     def to(self, device: str | torch.device) -> PackedBatch:
         kw = {k: getattr(self, k).to(device) for k in ("input_ids", "position_ids", "targets", "mask", "behav_logp",
                                                         "advantages", "coef", "cu_seqlens", "seq_index")}
-        return PackedBatch(lengths=self.lengths, **kw)
+        return PackedBatch(lengths=self.lengths, segments=self.segments, **kw)
 
 
 def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -129,6 +132,122 @@ def pack(items: Sequence[TrainItem]) -> PackedBatch:
         cu_seqlens=torch.tensor(cu, dtype=torch.int32),
         seq_index=t(np.concatenate(seq)),
         lengths=[it.length for it in items],
+    )
+
+
+def first_loss_index(it: TrainItem) -> int:
+    """Index of the first token with loss_mask 1 (len(tokens) if none)."""
+    nz = np.flatnonzero(np.asarray(it.loss_mask))
+    return int(nz[0]) if len(nz) else it.length
+
+
+def shared_prefix_length(items: Sequence[TrainItem]) -> int:
+    """Tokens the items can share as one packed prefix: their longest common prefix, stopped one token
+    before the first loss token of any of them and one token short of it, so that every item keeps its
+    last prompt token (whose position scores the item's first generated token) in its own branch.
+    0 = nothing to share (one item, or no common prefix)."""
+    if len(items) < 2:
+        return 0
+    stop = min(first_loss_index(it) for it in items)
+    first = np.asarray(items[0].tokens)
+    common = min(stop, *(it.length for it in items))
+    for it in items[1:]:
+        diff = np.flatnonzero(np.asarray(it.tokens[:common]) != first[:common])
+        if len(diff):
+            common = int(diff[0])
+    return max(0, common - 1)
+
+
+def prompt_groups(items: Sequence[TrainItem]) -> list[list[int]]:
+    """Indices of items by group_id (in first-seen order); items without a group_id stand alone."""
+    by: dict[str, list[int]] = {}
+    out: list[list[int]] = []
+    for i, it in enumerate(items):
+        if not it.group_id:
+            out.append([i])
+        elif it.group_id in by:
+            by[it.group_id].append(i)
+        else:
+            by[it.group_id] = [i]
+            out.append(by[it.group_id])
+    return out
+
+
+def shared_cost(items: Sequence[TrainItem]) -> int:
+    """Tokens of `items` packed with their shared prefix once."""
+    s = shared_prefix_length(items)
+    return s + sum(it.length - s for it in items)
+
+
+def plan_shared_micro_batches(items: Sequence[TrainItem], budget: int) -> list[list[int]]:
+    """Micro-batches (item indices) keeping each prompt group together where it fits in `budget` tokens
+    counted with its prefix once; a larger group is cut into consecutive parts that fit (each part
+    carries the prefix again), so a group may span micro-batches. Parts are then binned first-fit
+    decreasing like plan_micro_batches."""
+    units: list[list[int]] = []
+    for g in prompt_groups(items):
+        part: list[int] = []
+        for i in g:
+            if part and shared_cost([items[j] for j in part + [i]]) > budget:
+                units.append(part)
+                part = []
+            part.append(i)
+        units.append(part)
+    cost = [shared_cost([items[j] for j in u]) for u in units]
+    plan = plan_micro_batches(cost, budget)  # a micro-batch of units: their costs simply add up
+    return [sorted(j for u in b for j in units[u]) for b in plan]
+
+
+def pack_shared(items: Sequence[TrainItem]) -> PackedBatch:
+    """Like `pack`, but each prompt group's shared prefix (shared_prefix_length) is packed once: the row
+    holds, per group, the prefix (positions 0..S-1) then every item's remaining tokens (positions S..),
+    and `segments` tells the attention that each branch sees the prefix and itself. Per-position arrays
+    describe target t+1 within the branch; prefix positions score nothing (mask 0)."""
+    if not items:
+        raise ValueError("cannot pack an empty micro-batch")
+    ids, pos, tgt, msk, blp, adv, cof, seq = [], [], [], [], [], [], [], []
+    segments: list[tuple[int, int, list[int]]] = []
+    cu, start = [0], 0
+    for g in prompt_groups(items):
+        group = [items[i] for i in g]
+        s = shared_prefix_length(group)
+        if s:
+            toks = np.asarray(group[0].tokens[:s], dtype=np.int64)
+            ids.append(toks)
+            pos.append(np.arange(s, dtype=np.int64))
+            tgt.append(np.concatenate([toks[1:], [np.int64(group[0].tokens[s])]]))
+            for arr in (msk, blp, adv, cof):
+                arr.append(np.zeros(s, dtype=np.float32))
+            seq.append(np.full(s, g[0], dtype=np.int64))
+        branches = []
+        for k, it in zip(g, group, strict=True):
+            n = it.length - s
+            toks = np.asarray(it.tokens[s:], dtype=np.int64)
+            ids.append(toks)
+            pos.append(np.arange(s, s + n, dtype=np.int64))
+            tgt.append(np.concatenate([toks[1:], [0]]))
+            msk.append(np.concatenate([np.asarray(it.loss_mask[s + 1:], dtype=np.float32), [0.0]]).astype(np.float32))
+            blp.append(np.concatenate([np.asarray(it.behav_logp[s + 1:], dtype=np.float32), [0.0]]))
+            adv.append(np.full(n, it.advantage, dtype=np.float32))
+            cof.append(np.full(n, it.coef, dtype=np.float32))
+            seq.append(np.full(n, k, dtype=np.int64))
+            branches.append(n)
+        segments.append((start, s, branches))
+        start += s + sum(branches)
+        cu.append(start)
+    t = torch.from_numpy
+    return PackedBatch(
+        input_ids=t(np.concatenate(ids))[None],
+        position_ids=t(np.concatenate(pos))[None],
+        targets=t(np.concatenate(tgt)),
+        mask=t(np.concatenate(msk)),
+        behav_logp=t(np.concatenate(blp)),
+        advantages=t(np.concatenate(adv)),
+        coef=t(np.concatenate(cof)),
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+        seq_index=t(np.concatenate(seq)),
+        lengths=[s + sum(b) for _, s, b in segments],
+        segments=segments,
     )
 
 

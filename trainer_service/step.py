@@ -1,5 +1,6 @@
-"""One optimizer step, the same for every backend: proximal pass, packed micro-batches, decoupled PPO
-loss, gradient accumulation, grad-norm clipping, LR schedule. Statistics come back summed over ranks.
+"""The policy update, the same for every backend: PPO minibatches (one optimizer step each), proximal
+logprobs, packed micro-batches, decoupled PPO loss, gradient accumulation, grad-norm clipping, LR schedule.
+Statistics come back summed over ranks.
 
 A backend (backends/base.py) supplies the forward pass, the optimizer and the collectives; this module
 holds the order of operations only.
@@ -21,7 +22,9 @@ from trainer_service.packing import (
     TrainItem,
     dummy_item,
     pack,
+    pack_shared,
     plan_micro_batches,
+    plan_shared_micro_batches,
     split_for_ranks,
 )
 
@@ -32,7 +35,8 @@ STAT_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "capped_frac", "be
 def lr_lambda(cfg: TrainerConfig, total_steps: int):
     """Multiplier of the peak LR at optimizer step s: linear warmup, then constant/linear/cosine decay."""
     o = cfg.optim
-    decay = o.decay_steps or total_steps or 1000
+    # The schedule counts optimizer steps: ppo_minibatches of them per trained batch.
+    decay = o.decay_steps or total_steps * cfg.algorithm.ppo_minibatches or 1000
 
     def f(step: int) -> float:
         if o.warmup_steps and step < o.warmup_steps:
@@ -48,13 +52,18 @@ def lr_lambda(cfg: TrainerConfig, total_steps: int):
 
 
 def micro_batches_for_rank(items: Sequence[TrainItem], budget: int, rank: int, world: int,
-                           all_reduce_max) -> list[PackedBatch]:
-    """This rank's packed micro-batches; every rank ends up with the same number (zero-weight fillers)."""
+                           all_reduce_max, shared_prompts: bool = False) -> list[PackedBatch]:
+    """This rank's packed micro-batches; every rank ends up with the same number (zero-weight fillers).
+    shared_prompts: pack each prompt group's common prefix once (packing.pack_shared)."""
     shares = split_for_ranks([it.length for it in items], world)
     mine = [items[i] for i in shares[rank]]
-    plan = plan_micro_batches([it.length for it in mine], budget)
+    if shared_prompts:
+        plan = plan_shared_micro_batches(mine, budget)
+        batches = [pack_shared([mine[i] for i in idx]) for idx in plan]
+    else:
+        plan = plan_micro_batches([it.length for it in mine], budget)
+        batches = [pack([mine[i] for i in idx]) for idx in plan]
     n = all_reduce_max(len(plan))
-    batches = [pack([mine[i] for i in idx]) for idx in plan]
     while len(batches) < n:
         batches.append(pack([dummy_item()]))
     return batches
@@ -67,53 +76,89 @@ def assign_coefficients(items: Sequence[TrainItem], cfg: TrainerConfig, norm_len
         it.coef = c
 
 
+def split_minibatches(n_items: int, k: int) -> list[range]:
+    """Item indices of each of the k PPO minibatches: contiguous runs (a batch's items come group by
+    group, so whole groups stay together when k divides the number of groups), sizes differing by at
+    most one. k above the number of items gives one minibatch per item."""
+    k = max(1, min(k, n_items))
+    base, extra = divmod(n_items, k)
+    out, start = [], 0
+    for j in range(k):
+        size = base + (1 if j < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
 def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int = 64) -> dict:
-    """Run one optimizer step on the whole batch `items` (identical on every rank). Returns stats
-    (summed over ranks, then normalised) for events and metrics."""
+    """Update the policy on the whole batch `items` (identical on every rank): `ppo_minibatches` optimizer
+    steps, one per minibatch. Returns stats (summed over ranks, then normalised) for events and metrics.
+
+    Proximal logprobs (decoupled PPO's pi_prox) are the policy before the first minibatch. With one
+    minibatch they equal the training forward's own logprobs, so they are taken from it (detached) and
+    no proximal pass runs; with k > 1 one no-grad pass over the whole batch computes them first, and
+    the clipped ratio pi_theta/pi_prox moves away from 1 from the second minibatch on.
+    """
     t0 = time.perf_counter()
     a = cfg.algorithm
-    assign_coefficients(items, cfg, norm_length)
-    micro = [m.to(backend.device) for m in
-             micro_batches_for_rank(items, cfg.micro_batch_tokens, backend.rank, backend.world_size,
-                                    backend.all_reduce_max)]
-    # Proximal (and reference) logprobs: the policy before this update, no gradient.
-    prox, ref = [], []
-    with torch.no_grad():
-        for m in micro:
-            prox.append(backend.forward(m, which="policy")[0].detach() if a.decoupled else m.behav_logp)
-            if a.kl_coef > 0:
-                ref.append(backend.forward(m, which="ref")[0].detach())
-    backend.zero_grad()
-    sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64)
-    for k, m in enumerate(micro):
-        logp, entropy = backend.forward(m, which="policy", grad=True)
-        terms = decoupled_ppo_terms(logp, prox[k], m.behav_logp, m.advantages, a.eps_clip, a.eps_clip_high,
-                                    a.behav_imp_weight_cap, a.behav_imp_weight_mode)
-        tok = terms.loss
-        kl = kl_k3(logp, ref[k]) if a.kl_coef > 0 else torch.zeros_like(logp)
-        tok = tok + a.kl_coef * kl - a.entropy_coef * entropy
-        w = m.mask * m.coef
-        loss = (tok * w).sum()
-        # Backends average gradients over ranks; the loss is a sum over the whole batch, so scale back.
-        backend.backward(loss * backend.world_size)
+    parts = [[items[i] for i in r] for r in split_minibatches(len(items), a.ppo_minibatches)]
+    minis = []
+    for part in parts:
+        assign_coefficients(part, cfg, norm_length)
+        minis.append([m.to(backend.device) for m in
+                      micro_batches_for_rank(part, cfg.micro_batch_tokens, backend.rank, backend.world_size,
+                                             backend.all_reduce_max, getattr(backend, "shared_prompts", False))])
+    prox: list[list[torch.Tensor]] | None = None
+    if a.decoupled and len(minis) > 1:
         with torch.no_grad():
-            mk = m.mask
-            sums += torch.tensor([
-                float(loss), float((terms.loss * w).sum()), float((kl * mk).sum()), float((entropy * mk).sum()),
-                float((terms.clipped * mk).sum()), float((terms.capped * mk).sum()),
-                float((terms.behav_weight * mk).sum()), float((terms.ratio * mk).sum()), float(mk.sum()),
-                float(m.num_tokens if m.coef.abs().sum() > 0 else 0), float((m.advantages.abs() * mk).sum()),
-            ], dtype=torch.float64)
-    grad_norm = backend.clip_and_step(cfg.optim.grad_clip)
-    sums = backend.all_reduce_sum(sums)
-    s = dict(zip(STAT_KEYS, sums.tolist(), strict=True))
+            prox = [[backend.forward(m, which="policy", entropy=False)[0].detach() for m in micro] for micro in minis]
+    sums = torch.zeros(len(minis), len(STAT_KEYS), dtype=torch.float64)
+    norms = []
+    for j, micro in enumerate(minis):
+        backend.zero_grad()
+        for i, m in enumerate(micro):
+            logp, entropy = backend.forward(m, which="policy", grad=True)
+            if prox is not None:
+                prox_logp = prox[j][i]
+            else:  # one minibatch: the policy has not moved yet, pi_prox = pi_theta (decoupled) or behav
+                prox_logp = logp.detach() if a.decoupled else m.behav_logp
+            terms = decoupled_ppo_terms(logp, prox_logp, m.behav_logp, m.advantages, a.eps_clip, a.eps_clip_high,
+                                        a.behav_imp_weight_cap, a.behav_imp_weight_mode)
+            tok = terms.loss
+            if a.kl_coef > 0:
+                with torch.no_grad():
+                    ref = backend.forward(m, which="ref", entropy=False)[0].detach()
+                kl = kl_k3(logp, ref)
+            else:
+                kl = torch.zeros_like(logp)
+            tok = tok + a.kl_coef * kl - a.entropy_coef * entropy
+            w = m.mask * m.coef
+            loss = (tok * w).sum()
+            # Backends average gradients over ranks; the loss is a sum over the whole batch, so scale back.
+            backend.backward(loss * backend.world_size)
+            with torch.no_grad():
+                mk = m.mask
+                sums[j] += torch.tensor([
+                    float(loss), float((terms.loss * w).sum()), float((kl * mk).sum()), float((entropy * mk).sum()),
+                    float((terms.clipped * mk).sum()), float((terms.capped * mk).sum()),
+                    float((terms.behav_weight * mk).sum()), float((terms.ratio * mk).sum()), float(mk.sum()),
+                    float(m.num_tokens if m.coef.abs().sum() > 0 else 0), float((m.advantages.abs() * mk).sum()),
+                ], dtype=torch.float64)
+        norms.append(backend.clip_and_step(cfg.optim.grad_clip))
+    per = backend.all_reduce_sum(sums)
+    s = dict(zip(STAT_KEYS, per.sum(0).tolist(), strict=True))
     n = max(s["loss_tokens"], 1.0)
+    k = len(minis)
+    loss_col, clip_col, tok_col = (STAT_KEYS.index(x) for x in ("loss", "clip_frac", "loss_tokens"))
     dt = time.perf_counter() - t0
     return {
-        "loss": s["loss"], "pg_loss": s["pg_loss"], "kl": s["kl"] / n, "entropy": s["entropy"] / n,
+        # loss / pg_loss: each minibatch's loss is normalised over its own tokens; their mean over minibatches.
+        "loss": s["loss"] / k, "pg_loss": s["pg_loss"] / k, "kl": s["kl"] / n, "entropy": s["entropy"] / n,
         "clip_frac": s["clip_frac"] / n, "capped_frac": s["capped_frac"] / n,
         "behav_weight_mean": s["behav_weight"] / n, "ratio_mean": s["ratio"] / n, "adv_abs_mean": s["adv_abs"] / n,
-        "loss_tokens": int(s["loss_tokens"]), "tokens": int(s["tokens"]), "grad_norm": grad_norm,
-        "lr": backend.current_lr(), "micro_batches": len(micro), "step_time_s": dt,
-        "tokens_per_s": s["tokens"] / dt if dt > 0 else 0.0,
+        "loss_tokens": int(s["loss_tokens"]), "tokens": int(s["tokens"]), "grad_norm": sum(norms) / k,
+        "lr": backend.current_lr(), "micro_batches": sum(len(mb) for mb in minis), "ppo_minibatches": k,
+        "minibatch_loss": [float(r[loss_col]) for r in per],
+        "minibatch_clip_frac": [float(r[clip_col]) / max(float(r[tok_col]), 1.0) for r in per],
+        "step_time_s": dt, "tokens_per_s": s["tokens"] / dt if dt > 0 else 0.0,
     }

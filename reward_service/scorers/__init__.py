@@ -36,6 +36,7 @@ BUILTIN: dict[str, str] = {
     "regex": "reward_service.scorers.regex:score",
     "code": "reward_service.scorers.code:score",
     "maxdigit": "reward_service.scorers.maxdigit:score",
+    "addition": "reward_service.scorers.addition:score",
 }
 
 # Where each built-in runs when `reward.executor` is `auto`. Custom scorers run in threads.
@@ -43,6 +44,7 @@ MODES: dict[str, str] = {
     "gsm8k": "inline",
     "exact": "inline",
     "maxdigit": "inline",
+    "addition": "inline",
     "regex": "process",  # a user pattern can backtrack for ever: only a process can be killed
     "math": "process",  # sympy is CPU-heavy and can hang; math-verify's own alarm works in a main thread
     "code": "thread",  # the sandbox is a subprocess with its own limits; the thread only waits on it

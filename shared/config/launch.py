@@ -8,6 +8,14 @@ from shared.config.base import Section
 
 
 class LaunchConfig(Section):
+    dataset: str = Field(
+        "", description="JSONL/Parquet file `jetrl up` registers and enqueues at start when --dataset is not given "
+        "(relative to the working directory; '' = enqueue nothing)."
+    )
+    epochs: int = Field(1, ge=1, description="Passes over launch.dataset (the --epochs flag wins).")
+    shuffle_seed: int | None = Field(
+        None, description="Shuffle launch.dataset per epoch with this seed (None = file order; --shuffle-seed wins)."
+    )
     crash_loop_restarts: int = Field(
         5, ge=1,
         description="A child that exits with an error this many times within crash_loop_window_s stops the whole "

@@ -40,6 +40,16 @@ class AlgorithmConfig(Section):
         description="Decoupled PPO: proximal logprobs recomputed by the trainer before the update. False = "
         "standard PPO with the behaviour logprobs as the old policy (no recompute pass).",
     )
+    ppo_minibatches: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps per trained batch (AReaL's ppo_n_minibatches): the batch is split into this "
+        "many minibatches of consecutive samples, one optimizer step each. 1 = one step and no proximal pass "
+        "(pi_prox is the training forward's own logprobs, the PPO ratio is 1 and the clip never acts). k > 1 = "
+        "one extra no-grad forward over the batch before the first minibatch computes pi_prox, so the clip "
+        "(eps_clip / eps_clip_high) acts from the second minibatch on; each minibatch's loss is normalised "
+        "over its own tokens. Capped at the number of samples.",
+    )
     normalisation: Literal["token", "sequence", "fixed"] = Field(
         "token",
         description="Loss normalisation: token = sum over all loss tokens / their count (DAPO); sequence = "
@@ -70,7 +80,8 @@ class OptimConfig(Section):
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 to lr over this many optimizer steps.")
     decay_steps: int = Field(
-        0, ge=0, description="Steps of linear/cosine decay after warmup (0 = schedule.total_steps, or 1000 if 0)."
+        0, ge=0, description="Optimizer steps of linear/cosine decay after warmup (0 = schedule.total_steps x "
+        "algorithm.ppo_minibatches, or 1000 if total_steps is 0)."
     )
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Floor of the decay as a fraction of lr.")
 
@@ -171,6 +182,22 @@ class TrainerConfig(Section):
     )
     micro_batch_tokens: int = Field(
         4096, ge=16, description="Token budget of one packed micro-batch (sequences are concatenated, no padding)."
+    )
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=0,
+        description="Log-probabilities are computed only at loss positions (generated tokens); the output head "
+        "projects those positions this many at a time (logits recomputed per chunk in backward), so no "
+        "[tokens x vocabulary] tensor of a micro-batch exists. 0 = one full-logits pass, then the loss "
+        "positions (more memory; models whose logits are not the head's plain linear map always use it).",
+    )
+    shared_prompt_packing: bool = Field(
+        True,
+        description="Pack each prompt group's common prompt once per micro-batch: every completion attends to it "
+        "and to itself (block mask, position ids continuing after the prompt), so the prompt's forward and "
+        "backward run once instead of group_size times; the loss and gradients equal unshared packing. Needs "
+        "the varlen attention (the CPU default; `auto` picks it over flash-attention when this is on); with "
+        "sdpa/eager/flash_attention_2 or the megatron backend sequences are packed unshared.",
     )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
     attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2"] = Field(

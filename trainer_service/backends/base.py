@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from shared.config import TrainerConfig
-from trainer_service.algorithms.losses import entropy_from_logits
+from trainer_service.logprobs import token_logprobs  # noqa: F401  (the backends' shared helper)
 from trainer_service.packing import PackedBatch, TrainItem
 
 
@@ -21,8 +21,11 @@ class TrainBackend(Protocol):
     world_size: int
     device: torch.device
 
-    def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-position (logprob of target, entropy) of a packed micro-batch, shape [T] each."""
+    def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False,
+                entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-position (logprob of target, entropy) of a packed micro-batch, shape [T] each; only the loss
+        positions (m.mask > 0) are meaningful (others may be 0). `entropy=False`: the caller does not use
+        it (zeros allowed)."""
 
     def zero_grad(self) -> None: ...
     def backward(self, loss: torch.Tensor) -> None: ...
@@ -68,18 +71,6 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
         # Long timeout: ranks > 0 wait in a broadcast while rank 0 waits for trajectories.
         dist.init_process_group(backend, timeout=datetime.timedelta(hours=2))
     return dist.get_rank(), dist.get_world_size()
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
-                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p(target), entropy) per position from logits [T, V], computed in float32. The entropy is
-    differentiable only with `entropy_grad` (an entropy bonus); otherwise it is a statistic."""
-    logits = logits.float()
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-    if entropy_grad:
-        return logp, entropy_from_logits(logits)
-    with torch.no_grad():
-        return logp, entropy_from_logits(logits.detach())
 
 
 class DistMixin:

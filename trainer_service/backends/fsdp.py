@@ -20,19 +20,26 @@ import torch
 from shared.config import JetrlConfig, TrainerConfig
 from shared.tinymodel import load_policy
 from trainer_service import checkpoint, lora, step, varlen
-from trainer_service.backends.base import DistMixin, init_distributed, pick_device, token_logprobs
+from trainer_service.backends.base import DistMixin, init_distributed, pick_device
+from trainer_service.logprobs import (
+    at_positions,
+    head_supports_chunking,
+    loss_position_head,
+    loss_positions,
+    masked_logprobs_from_logits,
+)
 from trainer_service.packing import PackedBatch, TrainItem
 from trainer_service.step import lr_lambda
 
 log = logging.getLogger("jetrl.trainer.fsdp")
 
 
-def _attn_impl(choice: str, device: torch.device) -> str:
+def _attn_impl(choice: str, device: torch.device, shared_prompts: bool = False) -> str:
     if choice == "varlen":
         return varlen.register()
     if choice != "auto":
         return choice
-    if device.type == "cuda":
+    if device.type == "cuda" and not shared_prompts:
         try:
             import flash_attn  # noqa: F401
 
@@ -61,7 +68,12 @@ class FSDPBackend(DistMixin):
         dtype = t.dtype if t.dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
         self.autocast_dtype = torch.bfloat16 if dtype == "bfloat16" else None
         model, self.tokenizer = load_policy(cfg.model, "cpu")
-        model.config._attn_implementation = _attn_impl(t.attn_implementation, self.device)
+        model.config._attn_implementation = _attn_impl(t.attn_implementation, self.device, t.shared_prompt_packing)
+        # Shared-prompt rows need the varlen attention (it reads the segments); others pack unshared.
+        self.shared_prompts = t.shared_prompt_packing and model.config._attn_implementation == varlen.NAME
+        if t.shared_prompt_packing and not self.shared_prompts:
+            log.info("trainer.shared_prompt_packing: off with attn_implementation %s (needs varlen)",
+                     model.config._attn_implementation)
         model.config.use_cache = False
         self._hf_config = copy.deepcopy(model.config)
         model.to(self.device, dtype=torch.float32)  # fp32 master weights; bf16 compute via autocast
@@ -81,6 +93,7 @@ class FSDPBackend(DistMixin):
                     fully_shard(layer)
                 fully_shard(m)
         self.model = model
+        self._chunkable = head_supports_chunking(model)
         o = t.optim
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas, eps=o.adam_eps,
                                            weight_decay=o.weight_decay)
@@ -93,19 +106,36 @@ class FSDPBackend(DistMixin):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False):
+    def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False, entropy: bool = True):
+        """(logprob, entropy) [T], computed at the loss positions only: with trainer.logprob_chunk_tokens > 0
+        the head projects just those positions, in chunks (trainer_service/logprobs.py). With LoRA the
+        reference is the policy with its adapter switched off."""
         model = self.model if which == "policy" or self.lora is not None else self.ref
+        t = self.cfg.trainer
+        mode = "grad" if grad and t.algorithm.entropy_coef > 0 else ("stat" if entropy else "none")
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
-        base_only = self.model.disable_adapter() if which != "policy" and self.lora is not None else None
+        base_only = (self.model.disable_adapter() if which != "policy" and self.lora is not None
+                     else contextlib.nullcontext())
         model.train(grad)
-        with ctx, self._autocast(), base_only or contextlib.nullcontext():
-            # attention_mask=None + restarting position_ids -> block-diagonal causal attention (sdpa/eager
-            # build the mask from position_ids); varlen/flash kernels read the sequence boundaries.
-            longest = max(m.lengths)
-            out = model(input_ids=m.input_ids, position_ids=m.position_ids, use_cache=False,
-                        cu_seq_lens_q=m.cu_seqlens, cu_seq_lens_k=m.cu_seqlens, max_length_q=longest,
-                        max_length_k=longest)
-        return token_logprobs(out.logits[0], m.targets, grad and self.cfg.trainer.algorithm.entropy_coef > 0)
+        # attention_mask=None + restarting position_ids -> block-diagonal causal attention (sdpa/eager
+        # build the mask from position_ids); varlen/flash kernels read the sequence boundaries.
+        longest = max(m.lengths)
+        kw = dict(input_ids=m.input_ids, position_ids=m.position_ids, use_cache=False, cu_seq_lens_q=m.cu_seqlens,
+                  cu_seq_lens_k=m.cu_seqlens, max_length_q=longest, max_length_k=longest)
+        if m.segments is not None:
+            if model.config._attn_implementation != varlen.NAME:
+                raise ValueError("a shared-prompt micro-batch needs trainer.attn_implementation varlen")
+            kw["jetrl_segments"] = m.segments
+        if t.logprob_chunk_tokens > 0 and self._chunkable:
+            pos = loss_positions(m.mask)
+            with ctx, self._autocast(), base_only, loss_position_head(model, pos, m.targets, t.logprob_chunk_tokens,
+                                                                      mode) as box:
+                model(**kw)
+            n = m.num_tokens
+            return at_positions(box["logp"], pos, n), at_positions(box["entropy"], pos, n)
+        with ctx, self._autocast(), base_only:
+            out = model(**kw)
+            return masked_logprobs_from_logits(out.logits[0], m.targets, m.mask, mode)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -24,7 +24,7 @@ from shared.config import JetrlConfig, TrainerConfig
 from shared.natsd import free_port
 from shared.tinymodel import load_policy
 from trainer_service import checkpoint, step
-from trainer_service.backends.base import DistMixin, token_logprobs
+from trainer_service.backends.base import DistMixin
 from trainer_service.backends.megatron_convert import (
     LayoutSpec,
     hf_to_megatron,
@@ -32,6 +32,7 @@ from trainer_service.backends.megatron_convert import (
     rope_base,
     transformer_config_kwargs,
 )
+from trainer_service.logprobs import masked_logprobs_from_logits
 from trainer_service.packing import PackedBatch, TrainItem
 from trainer_service.step import lr_lambda
 
@@ -141,13 +142,14 @@ class MegatronBackend(DistMixin):
             start += n
         return torch.cat(outs)
 
-    def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False):
+    def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False, entropy: bool = True):
         model = self.model if which == "policy" else self.ref
         model.train(grad)
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx, self._autocast():
             logits = self._logits(model, m)
-        return token_logprobs(logits, m.targets, grad and self.cfg.trainer.algorithm.entropy_coef > 0)
+        mode = "grad" if grad and self.cfg.trainer.algorithm.entropy_coef > 0 else ("stat" if entropy else "none")
+        return masked_logprobs_from_logits(logits, m.targets, m.mask, mode)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
