@@ -260,7 +260,7 @@ class RemoteEngine(Engine, abc.ABC):
                     # A server may evict an adapter from its cache and read it again: keep the newest
                     # adapter's files until the next version replaces it.
                     old, self._adapter_snapshot = self._adapter_snapshot, snapshot
-                    if old is not None:
+                    if old is not None and old != snapshot:
                         shutil.rmtree(old, ignore_errors=True)
                 else:
                     shutil.rmtree(snapshot, ignore_errors=True)  # the server holds the weights in memory now

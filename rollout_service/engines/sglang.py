@@ -15,10 +15,14 @@ unloaded (POST /unload_lora_adapter); the server must run with --enable-lora (an
 
 from __future__ import annotations
 
+import logging
+
 from rollout_service.engines.base import SamplingParams
 from rollout_service.engines.remote import EngineHTTPError, RemoteEngine, Segment
 from shared.adapters import is_adapter_dir
 from shared.config import JetrlConfig
+
+log = logging.getLogger(__name__)
 
 
 def generate_body(segment_id: str, prompt_ids: list[int], p: SamplingParams, lora: str | None = None) -> dict:
@@ -97,12 +101,13 @@ class SglangEngine(RemoteEngine):
     async def _load_weights(self, version: int, path: str) -> None:
         if is_adapter_dir(path):
             name = f"{self.cfg.run}-v{version}"
+            if name == self.lora:  # this very version is loaded (a version's files never change)
+                return
             res = await self._post("/load_lora_adapter", json={"lora_name": name, "lora_path": path})
             if isinstance(res, dict) and res.get("success") is False:
                 raise EngineHTTPError(f"sglang: /load_lora_adapter {path} failed: {res}")
             old, self.lora = self.lora, name
-            if old is not None:
-                await self._post("/unload_lora_adapter", json={"lora_name": old})
+            await self._unload(old)
             return
         res = await self._post(
             "/update_weights_from_disk",
@@ -110,7 +115,16 @@ class SglangEngine(RemoteEngine):
         )
         if not (isinstance(res, dict) and res.get("success")):
             raise EngineHTTPError(f"sglang: /update_weights_from_disk {path} failed: {res}")
-        self.lora = None  # a full version replaces the base; requests name no adapter
+        old, self.lora = self.lora, None  # a full version replaces the base; requests name no adapter
+        await self._unload(old)
+
+    async def _unload(self, name: str | None) -> None:
+        if name is None:
+            return
+        try:
+            await self._post("/unload_lora_adapter", json={"lora_name": name})
+        except Exception as exc:  # a leftover adapter costs memory, not correctness
+            log.warning("sglang: unloading LoRA adapter %s failed: %s", name, exc)
 
     async def _pause_server(self) -> None:
         await self._post("/pause_generation", json={"mode": "in_place"})

@@ -186,7 +186,7 @@ class VllmEngine(RemoteEngine):
             log.debug("vllm reload_weights %s -> %s", path, res)
             await self._post("/reset_prefix_cache")
             await self._post("/update_weight_version", json={"new_version": str(version)})
-            self.model = self.base_model  # a full version replaces the base; requests name no adapter
+            await self._drop_adapter()  # a full version replaces the base; requests name no adapter
         finally:
             if not self._user_paused:
                 await self._post("/resume")
@@ -194,13 +194,23 @@ class VllmEngine(RemoteEngine):
     async def _load_adapter(self, version: int, path: str) -> None:
         """Runtime LoRA loading: no pause needed (the swap lock already holds new segments back)."""
         name = f"{self.cfg.run}-v{version}"
+        if name == self.model:  # this very version is loaded (a version's files never change)
+            return
         await self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
         old, self.model = self.model, name
-        if old != self.base_model:
-            try:
-                await self._post("/v1/unload_lora_adapter", json={"lora_name": old})
-            except Exception as exc:  # a leftover adapter costs memory, not correctness
-                log.warning("vllm: unloading LoRA adapter %s failed: %s", old, exc)
+        await self._unload(old)
+
+    async def _drop_adapter(self) -> None:
+        old, self.model = self.model, self.base_model
+        await self._unload(old)
+
+    async def _unload(self, name: str) -> None:
+        if name == self.base_model or name == self.model:
+            return
+        try:
+            await self._post("/v1/unload_lora_adapter", json={"lora_name": name})
+        except Exception as exc:  # a leftover adapter costs memory, not correctness
+            log.warning("vllm: unloading LoRA adapter %s failed: %s", name, exc)
 
     async def _pause_server(self) -> None:
         await self._post("/pause", params={"mode": "keep"})
