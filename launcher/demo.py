@@ -91,7 +91,7 @@ def build_config(opts: DemoOptions, run: str, state_dir: Path) -> JetrlConfig:
     return load_config(JetrlConfig, str(path), opts.overrides)
 
 
-async def _final_eval(launcher: Launcher, heldout: Path, version: int):
+async def eval_version(launcher: Launcher, heldout: Path, version: int):
     """Evaluate one version in this process (local engine, greedy) and publish it like the eval process."""
     from rollout_service.evaluation.session import eval_config, eval_once
 
@@ -172,7 +172,7 @@ async def demo_main(opts: DemoOptions) -> int:
         seen = {int(e["version"]) for e in launcher.evals}
         for v in sorted({0, final} - seen):
             console.print(f"evaluating version {v} on the held-out set ...")
-            res = await _final_eval(launcher, heldout, v)
+            res = await eval_version(launcher, heldout, v)
             launcher.evals.append(dict(res.event_data(), time=time.time()))
         await asyncio.sleep(2.0)  # the controller stores the trainer's last group outcomes
         snap = await launcher.poll()

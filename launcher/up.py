@@ -162,10 +162,13 @@ def child_config(resolved: JetrlConfig) -> JetrlConfig:
 # --- the process plan -------------------------------------------------------------------------
 
 
-def _threads_env(n_torch: int) -> dict[str, str]:
-    """Share the cores between the torch processes (unless the user set OMP_NUM_THREADS)."""
+def _threads_env(n_torch: int, threads: int = 0) -> dict[str, str]:
+    """OMP_NUM_THREADS of the torch processes (unless the user set OMP_NUM_THREADS): `threads`, or with
+    0 the cores divided between the n_torch processes."""
     if "OMP_NUM_THREADS" in os.environ:
         return {}
+    if threads:
+        return {"OMP_NUM_THREADS": str(threads)}
     return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, n_torch)))}
 
 
@@ -198,7 +201,7 @@ def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[Proc
     eval_every = opts.eval_every or ecfg.eval_every
     want_eval = opts.with_eval and bool(eval_dataset) and eval_every > 0
     n_torch = opts.workers + resolved.trainer.nproc + (1 if want_eval else 0)
-    threads = _threads_env(n_torch)
+    threads = _threads_env(n_torch, resolved.launch.torch_threads)
     for i in range(opts.workers):
         name = "rollout" if opts.workers == 1 else f"rollout-{i}"
         specs.append(ProcessSpec(name, CHILD + ["rollout", "-c", f, "--worker", f"{resolved.run}-{name}"],
@@ -363,8 +366,9 @@ class Launcher:
     async def _new_events(self, kind: str) -> list[dict]:
         out = []
         while True:
+            after = self._after.get(kind, 0)
             evs = await self._check(await self.http.get(f"/v1/runs/{self.run}/events",
-                                                        params={"kind": kind, "after": self._after[kind], "limit": 1000}))
+                                                        params={"kind": kind, "after": after, "limit": 1000}))
             out += evs
             if evs:
                 self._after[kind] = evs[-1]["id"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -42,6 +43,8 @@ class WeightFollower:
         self.latest = -1  # newest announced version seen (-1: none yet)
         self.swaps = 0
         self.fetch_errors = 0
+        self.fetch_s = 0.0  # seconds spent fetching new versions, and loading them into the engine
+        self.swap_s = 0.0
         self.retry_s = retry_s
         self._changed = asyncio.Event()
         self._swapped = asyncio.Event()  # set (and replaced) at every swap
@@ -106,10 +109,14 @@ class WeightFollower:
             while self.latest > self.engine.version and self.latest not in self.refused:
                 target = self.latest
                 try:
+                    t0 = time.monotonic()
                     path = await self._fetch(self.run_id, target)
+                    t1 = time.monotonic()
                     if not await self._check(target, Path(path)):
                         break
                     await self.engine.update_weights(target, path=str(path))
+                    self.fetch_s += t1 - t0
+                    self.swap_s += time.monotonic() - t1
                     self.swaps += 1
                     self._swapped.set()
                     self._swapped = asyncio.Event()

@@ -197,15 +197,19 @@ class Trainer:
         stats = await self.run_cmd({"kind": "step", "items": items})
         self.step += 1
         metrics.STEPS.inc()
+        publish_s = 0.0
         if self.step % self.cfg.trainer.publish_every == 0:
             self.version += 1
+            t0 = time.perf_counter()
             await self._publish()
+            publish_s = time.perf_counter() - t0
         rewards = [it.reward for it in items]
         reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
         trained = [g.group_id for g in batch.groups]
         data = {"version": self.version, "step": self.step, "loss": stats["loss"], "reward_mean": reward_mean,
                 "samples": len(items), "groups": len(trained), "dropped_stale_samples": batch.dropped_stale_samples,
-                "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, **stats}
+                "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, "publish_s": publish_s,
+                **stats}
         await self.events.emit("step", data)
         # Acked (retried through a NATS outage): the controller's ledger learns the outcomes only from
         # this event, and the checkpoint below must not move past outcomes nobody heard of.

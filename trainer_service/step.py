@@ -109,14 +109,18 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
                       micro_batches_for_rank(part, cfg.micro_batch_tokens, backend.rank, backend.world_size,
                                              backend.all_reduce_max, getattr(backend, "shared_prompts", False))])
     prox: list[list[torch.Tensor]] | None = None
+    clock = {"prox_s": 0.0, "forward_s": 0.0, "backward_s": 0.0, "optim_s": 0.0}
+    t = time.perf_counter()
     if a.decoupled and len(minis) > 1:
         with torch.no_grad():
             prox = [[backend.forward(m, which="policy", entropy=False)[0].detach() for m in micro] for micro in minis]
+    clock["prox_s"] = time.perf_counter() - t
     sums = torch.zeros(len(minis), len(STAT_KEYS), dtype=torch.float64)
     norms = []
     for j, micro in enumerate(minis):
         backend.zero_grad()
         for i, m in enumerate(micro):
+            t = time.perf_counter()
             logp, entropy = backend.forward(m, which="policy", grad=True)
             if prox is not None:
                 prox_logp = prox[j][i]
@@ -134,8 +138,11 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
             tok = tok + a.kl_coef * kl - a.entropy_coef * entropy
             w = m.mask * m.coef
             loss = (tok * w).sum()
+            clock["forward_s"] += time.perf_counter() - t
+            t = time.perf_counter()
             # Backends average gradients over ranks; the loss is a sum over the whole batch, so scale back.
             backend.backward(loss * backend.world_size)
+            clock["backward_s"] += time.perf_counter() - t
             with torch.no_grad():
                 mk = m.mask
                 sums[j] += torch.tensor([
@@ -144,7 +151,9 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
                     float((terms.behav_weight * mk).sum()), float((terms.ratio * mk).sum()), float(mk.sum()),
                     float(m.num_tokens if m.coef.abs().sum() > 0 else 0), float((m.advantages.abs() * mk).sum()),
                 ], dtype=torch.float64)
+        t = time.perf_counter()
         norms.append(backend.clip_and_step(cfg.optim.grad_clip))
+        clock["optim_s"] += time.perf_counter() - t
     per = backend.all_reduce_sum(sums)
     s = dict(zip(STAT_KEYS, per.sum(0).tolist(), strict=True))
     n = max(s["loss_tokens"], 1.0)
@@ -161,4 +170,5 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
         "minibatch_loss": [float(r[loss_col]) for r in per],
         "minibatch_clip_frac": [float(r[clip_col]) / max(float(r[tok_col]), 1.0) for r in per],
         "step_time_s": dt, "tokens_per_s": s["tokens"] / dt if dt > 0 else 0.0,
+        **clock,  # this rank's seconds in the proximal pass, training forwards, backwards, optimizer steps
     }

@@ -16,6 +16,11 @@ class LaunchConfig(Section):
     shuffle_seed: int | None = Field(
         None, description="Shuffle launch.dataset per epoch with this seed (None = file order; --shuffle-seed wins)."
     )
+    torch_threads: int = Field(
+        0, ge=0,
+        description="OMP_NUM_THREADS of each torch process `jetrl up` starts (rollout workers, trainer ranks, eval); "
+        "0 = auto (see docs/launch.md, 'Cores'). An OMP_NUM_THREADS in the launcher's environment wins.",
+    )
     crash_loop_restarts: int = Field(
         5, ge=1,
         description="A child that exits with an error this many times within crash_loop_window_s stops the whole "

@@ -1,0 +1,147 @@
+"""SmolLM2-135M-Instruct learning the addition task (examples/smollm2_addition.yaml) for a training-time
+budget: speed, memory, and held-out accuracy before and after. The same task and settings as TRL's
+GRPOTrainer row in docs/benchmarks.md ("SmolLM2-135M addition").
+
+    jetrl model import-gguf --out jetrl-models/smollm2-135m      # once
+    python bench/smollm2_addition.py [--minutes 15] [--out jetrl-bench/smollm2-addition] [key=value ...]
+
+Starts the whole run (`jetrl up` in-process: NATS, controller, weight store, reward, one rollout worker
+with the local engine, the trainer), enqueues the 2,000 training prompts, trains until the budget (counted
+from the moment every service is up) or schedule.total_steps, stops the trainer, then evaluates version
+0 and the last version greedily on the 200 held-out prompts. Prints completions/s and generated tokens/s
+over the training time, seconds per step by stage (trainer: proximal pass, forward, backward, optimizer,
+publish, from its step events; rollout: generate and reward wall time of the groups, fetch + swap of
+weight versions, from the worker's metrics events; the stages of an asynchronous run overlap, so they do
+not add up to the step time), peak RSS of the trainer and the rollout worker (VmHWM), and the accuracy.
+Last line: `smollm2_completions_per_s: X`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def peak_rss_gb(pid: int | None) -> float:
+    """Peak resident set (VmHWM) of a live process and its children, in GB (0 when it is gone)."""
+    if pid is None:
+        return 0.0
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1]) * 1024
+            for t in Path(f"/proc/{p}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    todo += [int(c) for c in (t / "children").read_text().split()]
+    return total / 1e9
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+async def run(args) -> dict:
+    from launcher.demo import eval_version
+    from launcher.up import Launcher, UpOptions
+    from shared.config import JetrlConfig, load_config
+
+    run_name = f"smollm2-addition-{time.strftime('%Y%m%d-%H%M%S')}"
+    overrides = [f"run={run_name}", "eval.eval_every=0", *args.overrides]
+    cfg = load_config(JetrlConfig, str(args.config), overrides)
+    out = Path(args.out).resolve() / run_name
+    launcher = Launcher(cfg, UpOptions(run_dir=out, workers=1, echo_logs=False, with_eval=False))
+    heldout = Path(cfg.eval.dataset).resolve()
+    res: dict = {"run": run_name, "budget_min": args.minutes, "config": str(args.config), "overrides": overrides}
+    try:
+        await launcher.start()
+        t0 = time.monotonic()
+        await launcher.enqueue(str(Path(cfg.launch.dataset).resolve()), epochs=cfg.launch.epochs,
+                               shuffle_seed=cfg.launch.shuffle_seed)
+        deadline = t0 + args.minutes * 60
+        rss = {"trainer": 0.0, "rollout": 0.0}
+        while time.monotonic() < deadline:
+            snap = await launcher.poll()
+            for name in rss:
+                c = launcher.sup.children.get(name)
+                rss[name] = max(rss[name], peak_rss_gb(c.proc.pid if c and c.proc else None))
+            if launcher.trainer_done(snap):
+                break
+            await asyncio.sleep(2.0)
+        train_s = time.monotonic() - t0
+        for name in rss:
+            c = launcher.sup.children.get(name)
+            rss[name] = max(rss[name], peak_rss_gb(c.proc.pid if c and c.proc else None))
+        metrics = [e["data"] for e in await launcher._new_events("metrics") if "group_generate_s" in e["data"]]
+        await launcher.stop_child("trainer")
+        await launcher.stop_child("rollout")
+        snap = await launcher.poll()
+        steps = launcher.steps
+        final = int((snap.get("run") or {}).get("current_version", 0))
+        last = metrics[-1] if metrics else {}
+        n = max(len(steps), 1)
+        res.update({
+            "train_s": round(train_s, 1), "steps": len(steps), "final_version": final,
+            "completions": sum(s["samples"] for s in steps),
+            "generated_tokens": int(last.get("generated_tokens", 0)),
+            "s_per_step": round(train_s / n, 2),
+            "stage_s_per_step": {
+                "rollout_generate": round(last.get("group_generate_s", 0.0) / n, 2),
+                "rollout_reward": round(last.get("group_reward_s", 0.0) / n, 3),
+                "trainer_prox": round(_mean([s.get("prox_s", 0.0) for s in steps]), 2),
+                "trainer_forward": round(_mean([s.get("forward_s", 0.0) for s in steps]), 2),
+                "trainer_backward": round(_mean([s.get("backward_s", 0.0) for s in steps]), 2),
+                "trainer_optimizer": round(_mean([s.get("optim_s", 0.0) for s in steps]), 2),
+                "trainer_step_total": round(_mean([s.get("step_time_s", 0.0) for s in steps]), 2),
+                "publish": round(_mean([s.get("publish_s", 0.0) for s in steps]), 2),
+                "fetch": round(last.get("weight_fetch_s", 0.0) / n, 2),
+                "swap": round(last.get("weight_swap_s", 0.0) / n, 2),
+            },
+            "peak_rss_gb": {k: round(v, 2) for k, v in rss.items()},
+            "train_reward_first_last": [steps[0]["reward_mean"], steps[-1]["reward_mean"]] if steps else [],
+        })
+        res["completions_per_s"] = round(res["completions"] / train_s, 3)
+        res["generated_tokens_per_s"] = round(res["generated_tokens"] / train_s, 2)
+        if not args.no_eval:
+            acc = {}
+            for v in sorted({0, final}):
+                r = await eval_version(launcher, heldout, v)
+                acc[v] = r.event_data()["reward"]
+            res["heldout_before"], res["heldout_after"] = acc[0], acc[final]
+    finally:
+        await launcher.stop()
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=str(ROOT / "examples" / "smollm2_addition.yaml"))
+    p.add_argument("--minutes", type=float, default=15.0, help="Training-time budget (from all services up).")
+    p.add_argument("--out", default="jetrl-bench/smollm2-addition", help="Run dirs (logs, state) go here.")
+    p.add_argument("--no-eval", action="store_true", help="Skip the held-out evaluations (speed only).")
+    p.add_argument("overrides", nargs="*", help="Config overrides key=value (e.g. launch.torch_threads=2).")
+    args = p.parse_args()
+    args.overrides.insert(0, "schedule.total_steps=100000")  # the budget ends the run
+    res = asyncio.run(run(args))
+    print(json.dumps(res, indent=1))
+    st = res["stage_s_per_step"]
+    print(f"training: {res['train_s']} s, {res['steps']} steps, {res['completions']} completions, "
+          f"{res['s_per_step']} s/step; stages per step: " + ", ".join(f"{k} {v}" for k, v in st.items()))
+    print(f"peak RSS: trainer {res['peak_rss_gb']['trainer']} GB, rollout {res['peak_rss_gb']['rollout']} GB")
+    if "heldout_before" in res:
+        print(f"held-out accuracy: {res['heldout_before']:.3f} -> {res['heldout_after']:.3f} "
+              f"(version 0 -> {res['final_version']})")
+    print(f"smollm2_tokens_per_s: {res['generated_tokens_per_s']}")
+    print(f"smollm2_completions_per_s: {res['completions_per_s']}")
+
+
+if __name__ == "__main__":
+    main()
