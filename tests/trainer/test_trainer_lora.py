@@ -110,3 +110,24 @@ def test_two_rank_fsdp_lora_step_matches_one_process(tmp_path):
         assert_close(two["state"][k], v, rtol=1e-4, atol=2e-5, msg=f"{k} differs between 1 and 2 ranks")
     assert any(torch.count_nonzero(v) for k, v in one["state"].items() if "lora_B" in k)
     assert abs(one["stats"]["loss"] - two["stats"]["loss"]) < 1e-5
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (["trainer.backend=megatron"], "trainer.lora"),
+    (["trainer.backend=sim"], "trainer.lora"),
+    (["trainer.lora.rank=0"], "rank"),
+    (["trainer.lora.target_modules=[]"], "target_modules"),
+    (["trainer.lora.target_modules=['q proj']"], "trainer.lora.target_modules"),
+    (["trainer.lora.modules_to_save=[q_proj]", "trainer.lora.target_modules=[q_proj]"],
+     "trainer.lora.modules_to_save"),
+])
+def test_bad_lora_config_fails_at_load_naming_the_field(overrides, field):
+    from shared.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=field.replace(".", r"\.")):
+        load_config(JetrlConfig, None, ["trainer.lora.rank=4", *overrides])
+
+
+def test_unknown_target_modules_fail_naming_the_field():
+    with pytest.raises(ValueError, match=r"trainer\.lora\.target_modules"):
+        FSDPBackend(_cfg("trainer.lora.target_modules=[no_such_proj]"))
