@@ -85,6 +85,7 @@ class RolloutWorker:
         self.nc = await bus.connect(cfg.nats, name=f"rollout-{self.instance}")
         self.js = self.nc.jetstream()
         await bus.ensure_streams(self.js, cfg.streams)
+        self.events = bus.EventPublisher(self.js, self.nc, cfg.run, SERVICE, self.instance)
         if self.reward is None:
             from reward_service.client import RewardClient
 
@@ -95,7 +96,11 @@ class RolloutWorker:
                 self._closers.append(close)
             else:
                 watch, fetch, latest = (tuple(self._weights) + (None,))[:3]
-            self.follower = WeightFollower(self.engine, cfg.run, watch, fetch, latest)
+            from shared.adapters import base_fingerprint
+
+            self.follower = WeightFollower(self.engine, cfg.run, watch, fetch, latest,
+                                           served_base=lambda: base_fingerprint(cfg.model),
+                                           on_refused=self._weights_refused)
             await self.follower.prime()
         self.ctx = WorkflowContext(engine=self.engine, tokenizer=self.tokenizer, reward=self.reward,
                                    tools=self.tools, cfg=cfg)
@@ -112,7 +117,6 @@ class RolloutWorker:
             batch=min(svc.fetch_batch, cfg.rollout.max_in_flight), max_in_flight=cfg.rollout.max_in_flight,
             ack_wait_s=svc.ack_wait_s, max_deliver=svc.max_deliver, can_fetch=self.can_fetch,
         )
-        self.events = bus.EventPublisher(self.js, self.nc, cfg.run, SERVICE, self.instance)
         if cfg.telemetry.metrics_port >= 0:
             start_metrics(cfg.telemetry, self.metrics.registry)
         log.info("rollout worker %s: run %s, workflow %s, engine %s (version %d), %d in flight", self.instance,
@@ -192,6 +196,11 @@ class RolloutWorker:
                 await bus.flush(self.nc, timeout=5)
             with contextlib.suppress(Exception):
                 await self.nc.close()
+
+    async def _weights_refused(self, version: int, error: str) -> None:
+        """A weight version this worker cannot apply (a LoRA adapter on another base): say so, loudly."""
+        await self.events.emit("weights_refused", {"version": version, "error": error, "worker": self.instance,
+                                                   "engine_version": self.engine.version})
 
     # --- the work -------------------------------------------------------------------------------
     def can_fetch(self) -> bool:

@@ -4,30 +4,42 @@ Two small loops: the watcher records the newest announced version (KV watch, eve
 the updater fetches the newest one from the weight store and calls `engine.update_weights` between
 decode steps, skipping versions that were superseded while it fetched. Generation never stops for it.
 `lag` (newest announced - engine version) is what the staleness gate of the consumer reads.
+
+A LoRA version (manifest `kind: lora`) is applied only when its base is the model this worker serves
+(`served_base`, shared/adapters.py): otherwise it is refused, never retried, and `on_refused` reports
+it (the worker sends a `weights_refused` event); the engine then lags, and the staleness gate stops
+taking prompts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from rollout_service.engines.base import Engine
+from shared.adapters import BaseMismatch, BaseModel, check_base
 from shared.messages import WeightVersion
+from weight_store.manifest import MANIFEST, kind
 
 log = logging.getLogger("jetrl.rollout.weights")
 
 WatchFn = Callable[[], AsyncIterator[WeightVersion]]
 FetchFn = Callable[[str, int], Awaitable[Path]]
 LatestFn = Callable[[], Awaitable[WeightVersion | None]]
+RefusedFn = Callable[[int, str], Awaitable[None]]
 
 
 class WeightFollower:
     def __init__(self, engine: Engine, run: str, watch: WatchFn, fetch: FetchFn, latest: LatestFn | None = None,
-                 retry_s: float = 1.0):
+                 retry_s: float = 1.0, served_base: Callable[[], BaseModel] | None = None,
+                 on_refused: RefusedFn | None = None):
         self.engine, self.run_id, self._watch, self._fetch, self._latest = engine, run, watch, fetch, latest
+        self._served_base, self._on_refused = served_base, on_refused
+        self.refused: dict[int, str] = {}  # version -> why it was refused (a wrong-base adapter)
         self.latest = -1  # newest announced version seen (-1: none yet)
         self.swaps = 0
         self.fetch_errors = 0
@@ -94,12 +106,14 @@ class WeightFollower:
         while True:
             await self._changed.wait()
             self._changed.clear()
-            while self.latest > self.engine.version:
+            while self.latest > self.engine.version and self.latest not in self.refused:
                 target = self.latest
                 try:
                     t0 = time.monotonic()
                     path = await self._fetch(self.run_id, target)
                     t1 = time.monotonic()
+                    if not await self._check(target, Path(path)):
+                        break
                     await self.engine.update_weights(target, path=str(path))
                     self.fetch_s += t1 - t0
                     self.swap_s += time.monotonic() - t1
@@ -114,6 +128,25 @@ class WeightFollower:
                     log.warning("run %s: could not load version %d (%s: %s); retrying in %.1fs", self.run_id,
                                 target, type(exc).__name__, exc, self.retry_s)
                     await asyncio.sleep(self.retry_s)
+
+
+    async def _check(self, version: int, path: Path) -> bool:
+        """False (and reported) when `path` holds a LoRA adapter on another base than the served one."""
+        mf = path / MANIFEST
+        if self._served_base is None or not mf.is_file():
+            return True
+        manifest = json.loads(mf.read_bytes())
+        if kind(manifest) != "lora":
+            return True
+        try:
+            check_base(manifest, await asyncio.to_thread(self._served_base))
+            return True
+        except BaseMismatch as exc:
+            self.refused[version] = str(exc)
+            log.error("run %s: refusing version %d: %s", self.run_id, version, exc)
+            if self._on_refused is not None:
+                await self._on_refused(version, str(exc))
+            return False
 
 
 def weight_store_source(cfg, js) -> tuple[WatchFn, FetchFn, LatestFn, Callable[[], Awaitable[None]]]:

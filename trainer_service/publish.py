@@ -7,7 +7,9 @@ a WeightPublisher, which makes it version v and announces it in the weights KV (
 - DirectoryPublisher: writes <publish_dir>/<run>/v<version>/ (config.json + model.safetensors +
   tokenizer) and announces it with a file:// manifest url (single host, tests), through the same
   weight_store.announce.announce.
-Both write a Hugging Face model dir, so `from_pretrained` (and the rollout engines) load any version.
+Both write a Hugging Face model dir, so `from_pretrained` (and the rollout engines) load any version;
+with `trainer.lora` they write a PEFT adapter dir instead (only the adapter's bytes travel) and mark
+the version `kind: lora` on the run's base model (trainer_service/lora.py, weight_store/manifest.py).
 What to retry is the trainer's call (`retryable_publish_error`; Trainer._publish retries with back-off).
 """
 
@@ -31,7 +33,7 @@ from weight_store.manifest import MANIFEST
 log = logging.getLogger("jetrl.trainer.publish")
 
 __all__ = ["DirectoryPublisher", "StorePublisher", "VersionConflict", "VersionTakenError", "WeightPublisher",
-           "make_publisher", "retryable_publish_error", "write_hf_dir"]
+           "make_publisher", "retryable_publish_error", "write_hf_dir", "write_version_dir"]
 
 
 class WeightPublisher(Protocol):
@@ -39,6 +41,18 @@ class WeightPublisher(Protocol):
     async def publish(self, version: int, step: int, state_dict: dict, hf_config: Any, tokenizer: Any,
                       metadata: dict | None = None) -> WeightVersion: ...
     async def close(self) -> None: ...
+
+
+def write_version_dir(out: Path, cfg: JetrlConfig, state_dict: dict, hf_config: Any, tokenizer: Any) -> dict | None:
+    """Write a version's files to `out`: an adapter dir with trainer.lora (returns the manifest's
+    `adapter` object), else a HF model dir (returns None)."""
+    if cfg.trainer.lora is not None:
+        from trainer_service import lora
+
+        lora.write_adapter_dir(out, state_dict, cfg.trainer.lora, cfg.model)
+        return lora.adapter_info(cfg)
+    write_hf_dir(out, state_dict, hf_config, tokenizer, tiny=not cfg.model.path)
+    return None
 
 
 def write_hf_dir(out: Path, state_dict: dict, hf_config: Any, tokenizer: Any, tiny: bool) -> Path:
@@ -92,7 +106,7 @@ class DirectoryPublisher:
 
         def write() -> list[dict]:
             shutil.rmtree(tmp, ignore_errors=True)
-            write_hf_dir(tmp, state_dict, hf_config, tokenizer, tiny=not self.cfg.model.path)
+            adapter = write_version_dir(tmp, self.cfg, state_dict, hf_config, tokenizer)
             files = []
             for p in sorted(tmp.rglob("*")):
                 if p.is_file():
@@ -100,6 +114,8 @@ class DirectoryPublisher:
                                   "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
             manifest = {"run": self.cfg.run, "version": version, "step": step, "files": files,
                         "metadata": metadata or {}}
+            if adapter is not None:
+                manifest.update(kind="lora", adapter=adapter)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
@@ -128,9 +144,9 @@ class StorePublisher:
 
     async def publish(self, version, step, state_dict, hf_config, tokenizer, metadata=None) -> WeightVersion:
         with tempfile.TemporaryDirectory(prefix=f"jetrl-publish-v{version}-") as d:
-            await asyncio.to_thread(write_hf_dir, Path(d), state_dict, hf_config, tokenizer, not self.cfg.model.path)
+            adapter = await asyncio.to_thread(write_version_dir, Path(d), self.cfg, state_dict, hf_config, tokenizer)
             return await self.client.publish_version(self.js, self.cfg.run, version, Path(d), step=step,
-                                                     metadata=metadata)
+                                                     metadata=metadata, adapter=adapter)
 
     async def close(self) -> None:
         await self.client.close()

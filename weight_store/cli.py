@@ -66,5 +66,29 @@ def manifest_cmd(version: int = typer.Argument(..., help="Version of the config'
     run_async(go())
 
 
+@weights_app.command("export")
+def export_cmd(version: int = typer.Argument(..., help="Version of the config's run."),
+               out: str = typer.Option(..., "--out", "-o", help="Directory to write (must be absent or empty)."),
+               merge: bool = typer.Option(False, "--merge", help="LoRA version: merge the adapter into the base "
+                                          "model (model.*) and write a Hugging Face model dir."),
+               config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
+    """Write one version to a directory: a full model as is; a LoRA adapter as its PEFT dir, or with
+    --merge merged into the run's base model (a plain HF model dir for deployment)."""
+    from shared.adapters import BaseMismatch
+    from weight_store.client import WeightStoreError
+    from weight_store.export import export_version
+
+    cfg = load_or_exit(config, overrides)
+
+    async def go() -> None:
+        try:
+            typer.echo(json.dumps(await export_version(cfg, version, out, merge)))
+        except (WeightStoreError, OSError, BaseMismatch) as exc:
+            typer.secho(f"export of version {version} of run {cfg.run}: {exc}", fg="red", err=True)
+            raise typer.Exit(1) from None
+
+    run_async(go())
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(weights_app, name="weights")

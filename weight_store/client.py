@@ -34,7 +34,7 @@ from shared.messages import WeightVersion
 from weight_store import shards as sh
 from weight_store import transfer
 from weight_store.announce import VersionConflict, announce, latest
-from weight_store.manifest import MANIFEST, manifest_bytes, manifest_sha256
+from weight_store.manifest import MANIFEST, check_adapter, manifest_bytes, manifest_sha256
 from weight_store.storage import check_file_name, check_run, check_version, sha256_file
 from weight_store.transfer import DigestMismatch, TransferError, WeightStoreError
 
@@ -104,11 +104,13 @@ class WeightStoreClient:
 
     async def publish(self, run: str, version: int, state_dict_or_dir: Mapping[str, torch.Tensor] | str | os.PathLike,
                       step: int = 0, metadata: dict | None = None,
-                      files: Mapping[str, str | os.PathLike | bytes] | None = None) -> WeightVersion:
+                      files: Mapping[str, str | os.PathLike | bytes] | None = None,
+                      adapter: dict | None = None) -> WeightVersion:
         """Upload a state dict (as safetensors shards) or every file of a dir (subdirs too, dot-files
         skipped), then commit the version.
 
-        `files` adds more files by name (config.json, tokenizer files) from paths or bytes. Does not
+        `files` adds more files by name (config.json, tokenizer files) from paths or bytes. `adapter`
+        makes it a LoRA version on a named base (weight_store/manifest.py, check_adapter). Does not
         announce: `publish_version` does both.
         """
         run, version = check_run(run), check_version(version)
@@ -161,6 +163,8 @@ class WeightStoreClient:
 
         declared = await asyncio.gather(*(put(*u) for u in uploads))
         body = {"files": declared, "step": step, "dtype": dtype, "metadata": metadata or {}}
+        if adapter is not None:
+            body["adapter"] = check_adapter(adapter)
         res = await self._json("POST", vpath + "/commit", body, write=True)
         m = res["manifest"]
         return WeightVersion(run=run, version=version, step=step, manifest_url=self.manifest_url(run, version),
@@ -169,7 +173,8 @@ class WeightStoreClient:
     async def publish_version(self, js, run: str, version: int,
                               state_dict_or_dir: Mapping[str, torch.Tensor] | str | os.PathLike, step: int = 0,
                               metadata: dict | None = None,
-                              files: Mapping[str, str | os.PathLike | bytes] | None = None) -> WeightVersion:
+                              files: Mapping[str, str | os.PathLike | bytes] | None = None,
+                              adapter: dict | None = None) -> WeightVersion:
         """Upload + commit (`publish`) + announce in the weights KV (compare-and-set): the one call that
         makes a version visible to the rollout workers.
 
@@ -179,7 +184,8 @@ class WeightStoreClient:
         announced (another publisher is ahead), VersionTakenError when another publisher committed this
         version but never announced it (skip the number)."""
         try:
-            wv = await self.publish(run, version, state_dict_or_dir, step=step, metadata=metadata, files=files)
+            wv = await self.publish(run, version, state_dict_or_dir, step=step, metadata=metadata, files=files,
+                                    adapter=adapter)
         except WeightStoreError as exc:
             if exc.status != 409 or exc.code != "exists":
                 raise

@@ -7,6 +7,14 @@ A committed version is the directory `<weights.root>/<run>/<version>/` holding i
     {"format": 1, "run": "demo", "version": 4, "step": 4, "dtype": "float32", "created_at": 1.7e9,
      "files": [{"name": "model.safetensors", "size": 123, "sha256": "<hex>"}, ...], "metadata": {...}}
 
+A LoRA version (a PEFT adapter dir: adapter_config.json + adapter_model.safetensors) adds
+
+    "kind": "lora", "adapter": {"base_model": "HuggingFaceTB/SmolLM2-135M", "base_sha256": "<hex>", "rank": 8,
+                                "alpha": 16.0, "target_modules": ["q_proj", "v_proj"], "modules_to_save": []}
+
+(`check_adapter` validates it; a manifest without `kind` is a full model, kind `full`). A worker applies
+an adapter only on the base whose sha256 it names (shared/adapters.py, base_fingerprint).
+
 Its bytes are `manifest_bytes(manifest)` (JSON, indent 1, sorted keys), and `WeightVersion.sha256` is
 `manifest_sha256(manifest)`, the sha256 of those bytes (the server's `manifest_sha256` and the `ETag`
 of /latest). Hosts that mount the store's directory (`weights.shared_fs`) read versions in place:
@@ -18,10 +26,44 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_MODULE = re.compile(r"[A-Za-z0-9_.]{1,128}")
+
+
+def kind(manifest: dict) -> str:
+    """`lora` for an adapter version, `full` for a whole model."""
+    return manifest.get("kind", "full")
+
+
+def check_adapter(adapter: object) -> dict:
+    """The `adapter` object of a LoRA version's manifest, checked; ValueError names what is wrong."""
+    if not isinstance(adapter, dict):
+        raise ValueError("adapter must be an object")
+    want = {"base_model", "base_sha256", "rank", "alpha", "target_modules", "modules_to_save"}
+    if set(adapter) != want:
+        raise ValueError(f"adapter must have exactly the fields {sorted(want)}, got {sorted(adapter)}"[:300])
+    if not isinstance(adapter["base_model"], str) or not 0 < len(adapter["base_model"]) <= 512:
+        raise ValueError("adapter.base_model must be a string of 1..512 characters")
+    if not isinstance(adapter["base_sha256"], str) or not _HEX64.fullmatch(adapter["base_sha256"]):
+        raise ValueError("adapter.base_sha256 must be 64 lowercase hex digits")
+    r = adapter["rank"]
+    if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= 1024:
+        raise ValueError(f"adapter.rank must be an integer in 1..1024, got {r!r}"[:200])
+    a = adapter["alpha"]
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not a > 0:
+        raise ValueError(f"adapter.alpha must be a positive number, got {a!r}"[:200])
+    for field in ("target_modules", "modules_to_save"):
+        v = adapter[field]
+        if not isinstance(v, list) or len(v) > 256 or not all(isinstance(m, str) and _MODULE.fullmatch(m) for m in v):
+            raise ValueError(f"adapter.{field} must be a list of module names")
+    if not adapter["target_modules"]:
+        raise ValueError("adapter.target_modules must name at least one module")
+    return adapter
 
 
 def manifest_bytes(manifest: dict) -> bytes:

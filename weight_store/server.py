@@ -2,7 +2,7 @@
 
 Routes (docs/weight_store.md has the full table):
     PUT    /v1/runs/{run}/versions/{v}/files/{name}   streamed upload (X-Content-SHA256 optional)
-    POST   /v1/runs/{run}/versions/{v}/commit         {files: [{name, size, sha256}], step, dtype, metadata}
+    POST   /v1/runs/{run}/versions/{v}/commit         {files: [{name, size, sha256}], step, dtype, metadata[, adapter]}
     DELETE /v1/runs/{run}/versions/{v}/staging        drop an uncommitted upload
     GET    /v1/runs, /v1/runs/{run}/versions, /v1/runs/{run}/latest, /v1/runs/{run}/versions/{v}/manifest
     GET    /v1/runs/{run}/versions/{v}/files/{name}   streamed download, Range, ETag = "sha256"
@@ -41,6 +41,7 @@ from starlette.responses import Response
 
 from shared.auth import AuthConfigError, RefuseControlChars, check_auth_setting, token_matches
 from shared.config import WeightStoreConfig
+from weight_store.manifest import check_adapter
 from weight_store.ranges import RangeError, parse_range
 from weight_store.storage import Storage, StoreError, check_file_name, check_run, check_version
 
@@ -419,6 +420,12 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
             raise StoreError(400, "bad_commit", f"body.step must be a non-negative integer, got {step!r}"[:200])
         if not isinstance(dtype, str) or len(dtype) > 64:
             raise StoreError(400, "bad_commit", "body.dtype must be a string of at most 64 characters")
+        adapter = body.get("adapter")
+        if adapter is not None:
+            try:
+                check_adapter(adapter)
+            except ValueError as exc:
+                raise StoreError(400, "bad_commit", f"body.{exc}") from None
         t0 = time.perf_counter()
         async with st.lock(run):
             if st.uploading[(run, v)]:
@@ -428,7 +435,8 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
             if cfg.max_versions_per_run and len(st.storage.versions(run)) >= cfg.max_versions_per_run:
                 raise StoreError(409, "too_many_versions", f"run {run!r} holds {cfg.max_versions_per_run} versions "
                                                            "(weights.max_versions_per_run)")
-            manifest, raw = await asyncio.to_thread(st.storage.commit, run, v, files, step, dtype, metadata)
+            manifest, raw = await asyncio.to_thread(st.storage.commit, run, v, files, step, dtype, metadata,
+                                                 adapter)
         st.metrics.commit_seconds.observe(time.perf_counter() - t0)
         st.metrics.commits.inc()
         log.info("committed version %d of run %s (%d files)", v, run, len(manifest["files"]))

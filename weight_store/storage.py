@@ -233,7 +233,7 @@ class Storage:
         return existed
 
     def commit(self, run: str, version: int, declared: list[dict], step: int = 0, dtype: str = "",
-               metadata: dict | None = None) -> tuple[dict, bytes]:
+               metadata: dict | None = None, adapter: dict | None = None) -> tuple[dict, bytes]:
         """Check the declared files against what was uploaded, write the manifest, rename into place.
 
         Returns (manifest, manifest bytes). Raises StoreError 409 if the version exists, 400 if a
@@ -283,6 +283,9 @@ class Storage:
             "files": [FileRecord(n, records[n]["size"], records[n]["sha256"]).as_dict() for n in sorted(names)],
             "metadata": metadata or {},
         }
+        if adapter is not None:  # a LoRA version (weight_store/manifest.py)
+            manifest["kind"] = "lora"
+            manifest["adapter"] = adapter
         raw = manifest_bytes(manifest)
         stage = self.staging_dir(run, version)
         for n in sorted(names):

@@ -10,6 +10,10 @@ computes. Only that thread touches the model and the KV cache. An iteration:
    token; their rows join the running batch (kvbatch.KVBatch),
 3. decodes one token for every running row, then drops the rows that finished.
 
+A LoRA version (a PEFT adapter dir, shared/adapters.py) is merged into the served weights in place, on
+top of a copy of the base tensors it touches (kept from the first adapter on): W = W_base + alpha/r B A,
+so the base is never reloaded and the forward costs what the plain model costs.
+
 Logprobs are those of the raw model distribution (log_softmax of the logits, before temperature /
 top-k / top-p), like vLLM's default, restricted to `sampling.allowed_token_ids` when set (the trainer
 applies the same mask); the tokens are drawn from the filtered distribution with the
@@ -33,6 +37,7 @@ import torch
 from rollout_service.engines.base import Engine, GenerateRequest, GenerateResult
 from rollout_service.engines.kvbatch import KVBatch
 from rollout_service.engines.sampling import StopChecker, check_sampling, make_generator, sample_rows
+from shared.adapters import is_adapter_dir, merged_weights, read_adapter
 from shared.config import JetrlConfig
 from shared.logits_mask import allowed_vector, mask_logits
 
@@ -101,6 +106,7 @@ class LocalEngine(Engine):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._cache_kwarg: str | None = None
         self._extra: dict[str, Any] = {}
+        self._lora_base: dict[str, torch.Tensor] = {}  # base values of the tensors adapters change
         self._tokens_total = 0
         self._steps = 0
         self._t0 = time.monotonic()
@@ -326,6 +332,38 @@ class LocalEngine(Engine):
 
     @torch.inference_mode()
     def _apply_swap(self, swap: _Swap) -> None:
+        if swap.path is not None and is_adapter_dir(swap.path):
+            self._merge_adapter(swap.path)
+        else:
+            self._load_full(swap)
+        self._version = swap.version
+        if self.opts.recompute_kv_on_swap and self._running:
+            self._reprefill = self._running + self._reprefill
+            self._running = []
+            self._kv.clear()
+
+    def _merge_adapter(self, path: str) -> None:
+        """Served weights = base + this adapter (the previous adapter's changes are undone)."""
+        deltas, replace = merged_weights(read_adapter(path))
+        own = self.model.state_dict()
+        new = {**deltas, **replace}
+        unknown = sorted(k for k in new if k not in own)
+        wrong = sorted(k for k in new if k in own and tuple(new[k].shape) != tuple(own[k].shape))
+        if unknown or wrong:  # checked before changing anything
+            raise ValueError(f"LoRA adapter {path}: does not fit the served model (unknown tensors {unknown[:5]}, "
+                             f"wrong shape {wrong[:5]})")
+        for k in new:
+            if k not in self._lora_base:
+                self._lora_base[k] = own[k].detach().clone()
+        for k, base in self._lora_base.items():
+            if k in deltas:
+                own[k].copy_((base.float() + deltas[k]).to(own[k].dtype))
+            elif k in replace:
+                own[k].copy_(replace[k].to(own[k].dtype))
+            else:
+                own[k].copy_(base)
+
+    def _load_full(self, swap: _Swap) -> None:
         sd = swap.state_dict if swap.state_dict is not None else load_weights_dir(swap.path)
         own = self.model.state_dict()
         tied = getattr(self.model.config, "tie_word_embeddings", False)
@@ -338,11 +376,7 @@ class LocalEngine(Engine):
                 f"(missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shape {wrong[:5]})"
             )
         self.model.load_state_dict(sd, strict=False)
-        self._version = swap.version
-        if self.opts.recompute_kv_on_swap and self._running:
-            self._reprefill = self._running + self._reprefill
-            self._running = []
-            self._kv.clear()
+        self._lora_base = {}  # a full version is the new base
 
     def _forward(self, input_ids, attention_mask, position_ids, cache):
         if self._cache_kwarg is None:  # transformers >= 5.2x calls it `cache`, older `past_key_values`

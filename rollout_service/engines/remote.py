@@ -28,6 +28,7 @@ import httpx
 
 from rollout_service.engines.base import Engine, EngineDead, GenerateRequest, GenerateResult, SamplingParams
 from rollout_service.engines.sampling import check_sampling
+from shared.adapters import is_adapter_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class RemoteEngine(Engine, abc.ABC):
         self.url = url.rstrip("/")
         self.request_timeout_s = request_timeout_s
         self.weights_dir = weights_dir
+        self._adapter_snapshot: Path | None = None
         self._version = version
         self._client: httpx.AsyncClient | None = None
         self._gens: dict[str, _Gen] = {}
@@ -138,7 +140,12 @@ class RemoteEngine(Engine, abc.ABC):
             raise EngineHTTPError(
                 f"{self.name}: {method} {self.url}{path} -> HTTP {r.status_code}: {r.text[:500]}"
             )
-        return r.json() if r.content else None
+        if not r.content:
+            return None
+        try:
+            return r.json()
+        except ValueError:  # a plain-text answer (vLLM's /v1/load_lora_adapter)
+            return r.text
 
     async def _raise_if_dead(self) -> None:
         if not self._owns_server:
@@ -245,9 +252,20 @@ class RemoteEngine(Engine, abc.ABC):
                         pass  # a segment sent just before the swap: abort again
                 await self._load_weights(version, path)
                 self._version = version
+            except BaseException:
+                shutil.rmtree(snapshot, ignore_errors=True)
+                raise
+            else:
+                if is_adapter_dir(snapshot):
+                    # A server may evict an adapter from its cache and read it again: keep the newest
+                    # adapter's files until the next version replaces it.
+                    old, self._adapter_snapshot = self._adapter_snapshot, snapshot
+                    if old is not None and old != snapshot:
+                        shutil.rmtree(old, ignore_errors=True)
+                else:
+                    shutil.rmtree(snapshot, ignore_errors=True)  # the server holds the weights in memory now
             finally:
                 self._open.set()
-                shutil.rmtree(snapshot, ignore_errors=True)  # the server holds the weights in memory now
 
     def _version_dir(self, version: int) -> Path:
         """A fresh dir for version `version` under weights_dir (or a temp dir) that the server can read."""

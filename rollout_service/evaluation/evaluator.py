@@ -1,6 +1,7 @@
 """The evaluator: generate and score held-out prompts with one engine and one reward client (the NATS
 RewardClient or the in-process LocalRewardClient: same `score`), swapping versions in from the weight
-store (version 0 = the engine's initial weights, which are the trainer's version 0)."""
+store (version 0 = the engine's initial weights, which are the trainer's version 0). A LoRA version is
+applied on the engine's base model (`model.*`) only when it is the adapter's base (BaseMismatch otherwise)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from rollout_service.engines.base import Engine, GenerateRequest, SamplingParams
 from rollout_service.evaluation.passk import EvalResult, summarise
 from rollout_service.workflows.base import WorkflowContext
+from shared.adapters import check_version_base
 from shared.config import JetrlConfig
 from shared.config.eval import EvalConfig
 
@@ -42,6 +44,7 @@ class Evaluator:
         if self.weights is None:
             raise ValueError(f"version {version}: no weight store client to fetch it with")
         path = await self.weights.fetch(self.cfg.run, version)
+        await asyncio.to_thread(check_version_base, path, self.cfg.model)
         await self.engine.update_weights(version, path=str(path))
 
     async def _one(self, payload: dict, sem: asyncio.Semaphore) -> tuple[list[float], int, list[str]]:

@@ -125,6 +125,38 @@ class MegatronConfig(Section):
     )
 
 
+class LoraConfig(Section):
+    """LoRA adapters (the `peft` library) on the policy: only the adapter (and `modules_to_save`) trains,
+    the optimizer and checkpoints hold only those, and every published version is an adapter on the
+    base model `model` names (docs/trainer.md, LoRA; docs/protocol.md, weight versions)."""
+
+    rank: int = Field(8, ge=1, le=1024, description="LoRA rank r of each adapter (A: r x in, B: out x r).")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha: the adapter's update is scaled by alpha / rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input during training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+        description="Linear layers that get an adapter, by module-name suffix (peft target_modules); the "
+        "default is every attention and MLP projection of Llama/Qwen-style decoders.",
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained in full beside the adapters and shipped with them (e.g. lm_head); "
+        "their weights go into every published version, so keep this short.",
+    )
+
+    @model_validator(mode="after")
+    def _check_names(self) -> LoraConfig:
+        for field in ("target_modules", "modules_to_save"):
+            for name in getattr(self, field):
+                if not name or not name.replace("_", "").replace(".", "").isalnum():
+                    raise ValueError(f"trainer.lora.{field}: {name!r} is not a module name")
+        both = set(self.target_modules) & set(self.modules_to_save)
+        if both:
+            raise ValueError(f"trainer.lora.modules_to_save: {sorted(both)} are also in target_modules")
+        return self
+
+
 class SimTrainerConfig(Section):
     """The `sim` backend: a latency model of a GPU trainer (trainer_service/backends/sim.py), for benchmarking
     orchestration on a CPU. The weights (the tiny model) are real and are published and checkpointed as
@@ -172,6 +204,11 @@ class TrainerConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     sim: SimTrainerConfig = Field(default_factory=SimTrainerConfig)
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train LoRA adapters instead of the full model (fsdp backend only; see trainer.lora.*). "
+        "None = full-model training.",
+    )
     micro_batch_tokens: int = Field(
         4096, ge=16, description="Token budget of one packed micro-batch (sequences are concatenated, no padding)."
     )
@@ -224,6 +261,13 @@ class TrainerConfig(Section):
             raise ValueError("trainer.master_addr: required when trainer.nnodes > 1 (node 0's address)")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"trainer.node_rank: {self.node_rank} must be below trainer.nnodes ({self.nnodes})")
+        return self
+
+    @model_validator(mode="after")
+    def _check_lora(self) -> TrainerConfig:
+        if self.lora is not None and self.backend != "fsdp":
+            raise ValueError(f"trainer.lora: LoRA is supported by the fsdp backend only, not trainer.backend "
+                             f"{self.backend!r} (docs/trainer.md, LoRA)")
         return self
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from engines_helpers import TINY, VLLM_PYTHON
 
-from shared.config import ModelConfig
+from shared.config import JetrlConfig, ModelConfig
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +48,29 @@ def vllm_server(tiny_dirs, tmp_path_factory):
     )
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def lora_dirs(tiny_dirs, tmp_path_factory):
+    """{0: the base model dir (v0), 1: a LoRA adapter dir on it (random, non-zero B)} and the adapter's
+    run config; with `lora_models` the reference models (peft's own merge of that adapter)."""
+    from shared.config import load_config
+    from trainer_service import lora
+
+    cfg = load_config(JetrlConfig, None, ["trainer.lora.rank=8", "trainer.lora.alpha=16",
+                                          "trainer.lora.target_modules=[q_proj,v_proj,up_proj]"])
+    cfg.model = ModelConfig(**TINY, path=str(tiny_dirs[0]), dtype="float32")
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_dirs[0]), dtype=torch.float32)
+    peft_model = lora.wrap(base, cfg.trainer.lora)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    out = tmp_path_factory.mktemp("lora") / "adapter"
+    full = {k: v.detach().clone() for k, v in peft_model.state_dict().items()}
+    lora.write_adapter_dir(out, lora.adapter_state_dict(peft_model, full), cfg.trainer.lora, cfg.model)
+    merged = peft_model.merge_and_unload().eval()
+    return {"dirs": {0: tiny_dirs[0], 1: out}, "cfg": cfg, "merged": merged}

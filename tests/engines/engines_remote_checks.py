@@ -102,3 +102,23 @@ async def check_pause_resume_abort(engine) -> None:
     assert await engine.abort(None) == 0
     health = await engine.health()
     assert health["ok"] and health["engine"] == engine.name
+
+
+async def check_adapter_swap_mid_run(engine, lora_dirs, base_model, progress, atol: float) -> list[float]:
+    """Swap from the base (v0) to a LoRA adapter (v1) while generations run: tokens before the swap are
+    the base's, after it the adapter-merged model's (peft's own merge, `lora_dirs["merged"]`). Returns
+    the logprobs of a fixed greedy request under the adapter (to compare engines)."""
+    models = {0: base_model, 1: lora_dirs["merged"]}
+    for _attempt in range(5):  # a fast server may finish every generation before the swap lands: retry
+        if await _swap_while_generating(engine, lora_dirs["dirs"], models, progress, atol, n_reqs=12):
+            break
+        await engine.update_weights(0, path=str(lora_dirs["dirs"][0]))
+    else:
+        raise AssertionError("no generation was still running when the adapter arrived (5 attempts)")
+    short = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+    after = await engine.generate(GenerateRequest([1, 9, 8], short))
+    assert set(after.versions) == {1}
+    assert_greedy(models[1], after.prompt_ids, after.output_ids, 0, len(after.output_ids))
+    ref = forward_logprobs(models[1], after.prompt_ids, after.output_ids)
+    torch.testing.assert_close(torch.tensor(after.logprobs), ref, atol=atol, rtol=0)
+    return after.logprobs

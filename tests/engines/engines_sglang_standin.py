@@ -12,9 +12,14 @@ own local engine (real model, real logprobs, continuous batching):
   POST /pause_generation         {mode: abort | retract | in_place}
   POST /continue_generation
   POST /update_weights_from_disk {model_path, weight_version, ...} -> {success, message, num_paused_requests}
+  POST /load_lora_adapter        {lora_name, lora_path} -> {success, message}
+  POST /unload_lora_adapter      {lora_name} -> {success, message}
   GET  /health, /get_model_info, /get_weight_version
 
-It is a stand-in, not SGLang: scheduling, radix cache and the exact numerics are jetrl's.
+and /generate's `lora_path` (the name of a loaded adapter). It is a stand-in, not SGLang: scheduling,
+radix cache and the exact numerics are jetrl's, and it serves ONE adapter at a time (merged into the
+local engine's weights; SGLang batches requests of many adapters): a request naming another adapter than
+the newest loaded one, or none while one is loaded, gets a 400.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ def sampling_from_sglang(sp: dict) -> SamplingParams:
 
 def make_app(cfg: JetrlConfig) -> FastAPI:
     engine = LocalEngine(cfg)
-    state = {"weight_version": "0", "paused": False}
+    state = {"weight_version": "0", "paused": False, "lora": None, "loras": {}}
 
     @asynccontextmanager
     async def lifespan(app):
@@ -73,6 +78,8 @@ def make_app(cfg: JetrlConfig) -> FastAPI:
         body = await request.json()
         if body.get("input_ids") is None:
             raise HTTPException(400, "this stand-in needs input_ids (no text prompts)")
+        if body.get("lora_path") != state["lora"]:
+            raise HTTPException(400, f"this stand-in serves adapter {state['lora']!r} only, not {body.get('lora_path')!r}")
         rid = body.get("rid") or None
         req = GenerateRequest(
             prompt_ids=list(body["input_ids"]),
@@ -145,7 +152,32 @@ def make_app(cfg: JetrlConfig) -> FastAPI:
         except Exception as e:
             return {"success": False, "message": f"Failed to update weights: {e}", "num_paused_requests": 0}
         state["weight_version"] = label
+        state["lora"] = None
         return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        body = await request.json()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            raise HTTPException(400, "lora_name and lora_path are required")
+        try:
+            await engine.update_weights(engine.version + 1, path=path)
+        except Exception as e:
+            return {"success": False, "message": f"Failed to load LoRA adapter: {e}"}
+        state["loras"][name] = path
+        state["lora"] = name
+        return {"success": True, "message": f"LoRA adapter {name} loaded"}
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        name = (await request.json()).get("lora_name")
+        if name not in state["loras"]:
+            raise HTTPException(400, f"LoRA adapter {name!r} is not loaded")
+        if name == state["lora"]:
+            raise HTTPException(400, f"LoRA adapter {name!r} is the one being served (stand-in: load another first)")
+        del state["loras"][name]
+        return {"success": True, "message": f"LoRA adapter {name} unloaded"}
 
     return app
 

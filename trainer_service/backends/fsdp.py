@@ -1,6 +1,11 @@
 """FSDP2 backend: a Hugging Face causal LM sharded with `torch.distributed.fsdp.fully_shard` (one
 FSDP unit per decoder layer plus the root), data parallel over ranks. One process without torchrun
 trains the plain module (same code path otherwise). gloo on CPU, NCCL on GPU.
+
+With `trainer.lora` the model is a peft LoRA model (trainer_service/lora.py): the base is frozen, the
+optimizer holds only the adapter, checkpoints hold only the trainable tensors (DCP with
+ignore_frozen_params) and `full_state_dict` returns the adapter alone; the KL reference is the same
+model with the adapter switched off.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch
 
 from shared.config import JetrlConfig, TrainerConfig
 from shared.tinymodel import load_policy
-from trainer_service import checkpoint, step, varlen
+from trainer_service import checkpoint, lora, step, varlen
 from trainer_service.backends.base import DistMixin, init_distributed, pick_device
 from trainer_service.logprobs import (
     at_positions,
@@ -45,7 +50,8 @@ def _attn_impl(choice: str, device: torch.device, shared_prompts: bool = False) 
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
-    inner = getattr(model, "model", model)
+    inner = lora.unwrap(model)
+    inner = getattr(inner, "model", inner)
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: no .model.layers to shard; FSDP backend supports HF decoder LMs")
@@ -71,8 +77,11 @@ class FSDPBackend(DistMixin):
         model.config.use_cache = False
         self._hf_config = copy.deepcopy(model.config)
         model.to(self.device, dtype=torch.float32)  # fp32 master weights; bf16 compute via autocast
+        self.lora = t.lora
+        if self.lora is not None:
+            model = lora.wrap(model, self.lora)
         self.ref = None
-        if t.algorithm.kl_coef > 0:
+        if t.algorithm.kl_coef > 0 and self.lora is None:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         if t.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -86,7 +95,7 @@ class FSDPBackend(DistMixin):
         self.model = model
         self._chunkable = head_supports_chunking(model)
         o = t.optim
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.adam_eps,
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas, eps=o.adam_eps,
                                            weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t, cfg.schedule.total_steps))
 
@@ -99,11 +108,14 @@ class FSDPBackend(DistMixin):
 
     def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False, entropy: bool = True):
         """(logprob, entropy) [T], computed at the loss positions only: with trainer.logprob_chunk_tokens > 0
-        the head projects just those positions, in chunks (trainer_service/logprobs.py)."""
-        model = self.model if which == "policy" else self.ref
+        the head projects just those positions, in chunks (trainer_service/logprobs.py). With LoRA the
+        reference is the policy with its adapter switched off."""
+        model = self.model if which == "policy" or self.lora is not None else self.ref
         t = self.cfg.trainer
         mode = "grad" if grad and t.algorithm.entropy_coef > 0 else ("stat" if entropy else "none")
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        base_only = (self.model.disable_adapter() if which != "policy" and self.lora is not None
+                     else contextlib.nullcontext())
         model.train(grad)
         # attention_mask=None + restarting position_ids -> block-diagonal causal attention (sdpa/eager
         # build the mask from position_ids); varlen/flash kernels read the sequence boundaries.
@@ -116,12 +128,12 @@ class FSDPBackend(DistMixin):
             kw["jetrl_segments"] = m.segments
         if t.logprob_chunk_tokens > 0 and self._chunkable:
             pos = loss_positions(m.mask)
-            with ctx, self._autocast(), loss_position_head(model, pos, m.targets, t.logprob_chunk_tokens, mode,
-                                                           self.cfg.rollout.sampling.allowed_token_ids) as box:
+            with ctx, self._autocast(), base_only, loss_position_head(model, pos, m.targets, t.logprob_chunk_tokens,
+                                                                      mode, self.cfg.rollout.sampling.allowed_token_ids) as box:
                 model(**kw)
             n = m.num_tokens
             return at_positions(box["logp"], pos, n), at_positions(box["entropy"], pos, n)
-        with ctx, self._autocast():
+        with ctx, self._autocast(), base_only:
             out = model(**kw)
             return masked_logprobs_from_logits(out.logits[0], m.targets, m.mask, mode,
                                                self.cfg.rollout.sampling.allowed_token_ids)
@@ -154,17 +166,31 @@ class FSDPBackend(DistMixin):
         return self._hf_config
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full HF state dict on rank 0; with LoRA, the adapter's tensors only (peft's saved names)."""
+        trainable_only = self.lora is not None
         if self._dist:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            return sd if self.rank == 0 else None
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            sd = get_model_state_dict(self.model, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only))
+            if self.rank != 0:
+                return None
+        else:
+            sd = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
+                  if not trainable_only or "lora_" in k or "modules_to_save" in k}
+        return lora.adapter_state_dict(self.model, sd) if trainable_only else sd
+
+    def _sd_options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # LoRA: only the trainable tensors are saved, so loading leaves the (frozen) base as built.
+        lora_run = self.lora is not None
+        return StateDictOptions(ignore_frozen_params=lora_run, strict=not lora_run)
 
     def _dcp_state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        msd, osd = get_state_dict(self.model, self.optimizer)
+        msd, osd = get_state_dict(self.model, self.optimizer, options=self._sd_options())
         return {"model": msd, "optim": osd}
 
     def save_checkpoint(self, path: str, extra: dict) -> None:
@@ -175,7 +201,8 @@ class FSDPBackend(DistMixin):
 
         state = self._dcp_state()
         extra = checkpoint.load(path, state, self.scheduler, self.rank)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=self._sd_options())
         return extra
 
     def close(self) -> None:
