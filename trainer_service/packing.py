@@ -101,38 +101,62 @@ def split_for_ranks(lengths: Sequence[int], world: int) -> list[list[int]]:
     return [sorted(s) for s in shares]
 
 
+class _Row:
+    """The per-position arrays of one packed row, filled piece by piece (`pack`, `pack_shared`)."""
+
+    def __init__(self) -> None:
+        self.ids, self.pos, self.tgt, self.msk, self.blp, self.adv, self.cof, self.seq = ([] for _ in range(8))
+
+    def add_tokens(self, it: TrainItem, k: int, start: int) -> int:
+        """Item k's tokens from `start` on, at positions start.., each scoring the next token of the item
+        (the last scores nothing). Returns how many positions were added."""
+        n = it.length - start
+        toks = np.asarray(it.tokens[start:], dtype=np.int64)
+        self.ids.append(toks)
+        self.pos.append(np.arange(start, start + n, dtype=np.int64))
+        self.tgt.append(np.concatenate([toks[1:], [0]]))
+        self.msk.append(np.concatenate([np.asarray(it.loss_mask[start + 1:], dtype=np.float32), [0.0]]).astype(np.float32))
+        self.blp.append(np.concatenate([np.asarray(it.behav_logp[start + 1:], dtype=np.float32), [0.0]]))
+        self.adv.append(np.full(n, it.advantage, dtype=np.float32))
+        self.cof.append(np.full(n, it.coef, dtype=np.float32))
+        self.seq.append(np.full(n, k, dtype=np.int64))
+        return n
+
+    def add_prefix(self, it: TrainItem, k: int, s: int) -> None:
+        """The first `s` tokens of item k (a group's shared prompt): positions 0..s-1, scoring nothing."""
+        toks = np.asarray(it.tokens[:s], dtype=np.int64)
+        self.ids.append(toks)
+        self.pos.append(np.arange(s, dtype=np.int64))
+        self.tgt.append(np.concatenate([toks[1:], [np.int64(it.tokens[s])]]))
+        for arr in (self.msk, self.blp, self.adv, self.cof):
+            arr.append(np.zeros(s, dtype=np.float32))
+        self.seq.append(np.full(s, k, dtype=np.int64))
+
+    def batch(self, cu: list[int], lengths: list[int], segments=None) -> PackedBatch:
+        t = torch.from_numpy
+        return PackedBatch(
+            input_ids=t(np.concatenate(self.ids))[None],
+            position_ids=t(np.concatenate(self.pos))[None],
+            targets=t(np.concatenate(self.tgt)),
+            mask=t(np.concatenate(self.msk)),
+            behav_logp=t(np.concatenate(self.blp)),
+            advantages=t(np.concatenate(self.adv)),
+            coef=t(np.concatenate(self.cof)),
+            cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+            seq_index=t(np.concatenate(self.seq)),
+            lengths=lengths,
+            segments=segments,
+        )
+
+
 def pack(items: Sequence[TrainItem]) -> PackedBatch:
     """Concatenate `items` into one row with per-sequence positions and shifted targets."""
     if not items:
         raise ValueError("cannot pack an empty micro-batch")
-    ids, pos, tgt, msk, blp, adv, cof, seq = [], [], [], [], [], [], [], []
-    cu = [0]
+    row, cu = _Row(), [0]
     for k, it in enumerate(items):
-        n = it.length
-        toks = np.asarray(it.tokens, dtype=np.int64)
-        ids.append(toks)
-        pos.append(np.arange(n, dtype=np.int64))
-        tgt.append(np.concatenate([toks[1:], [0]]))
-        m = np.concatenate([np.asarray(it.loss_mask[1:], dtype=np.float32), [0.0]]).astype(np.float32)
-        msk.append(m)
-        blp.append(np.concatenate([np.asarray(it.behav_logp[1:], dtype=np.float32), [0.0]]))
-        adv.append(np.full(n, it.advantage, dtype=np.float32))
-        cof.append(np.full(n, it.coef, dtype=np.float32))
-        seq.append(np.full(n, k, dtype=np.int64))
-        cu.append(cu[-1] + n)
-    t = torch.from_numpy
-    return PackedBatch(
-        input_ids=t(np.concatenate(ids))[None],
-        position_ids=t(np.concatenate(pos))[None],
-        targets=t(np.concatenate(tgt)),
-        mask=t(np.concatenate(msk)),
-        behav_logp=t(np.concatenate(blp)),
-        advantages=t(np.concatenate(adv)),
-        coef=t(np.concatenate(cof)),
-        cu_seqlens=torch.tensor(cu, dtype=torch.int32),
-        seq_index=t(np.concatenate(seq)),
-        lengths=[it.length for it in items],
-    )
+        cu.append(cu[-1] + row.add_tokens(it, k, 0))
+    return row.batch(cu, [it.length for it in items])
 
 
 def first_loss_index(it: TrainItem) -> int:
@@ -205,50 +229,19 @@ def pack_shared(items: Sequence[TrainItem]) -> PackedBatch:
     describe target t+1 within the branch; prefix positions score nothing (mask 0)."""
     if not items:
         raise ValueError("cannot pack an empty micro-batch")
-    ids, pos, tgt, msk, blp, adv, cof, seq = [], [], [], [], [], [], [], []
+    row = _Row()
     segments: list[tuple[int, int, list[int]]] = []
     cu, start = [0], 0
     for g in prompt_groups(items):
         group = [items[i] for i in g]
         s = shared_prefix_length(group)
         if s:
-            toks = np.asarray(group[0].tokens[:s], dtype=np.int64)
-            ids.append(toks)
-            pos.append(np.arange(s, dtype=np.int64))
-            tgt.append(np.concatenate([toks[1:], [np.int64(group[0].tokens[s])]]))
-            for arr in (msk, blp, adv, cof):
-                arr.append(np.zeros(s, dtype=np.float32))
-            seq.append(np.full(s, g[0], dtype=np.int64))
-        branches = []
-        for k, it in zip(g, group, strict=True):
-            n = it.length - s
-            toks = np.asarray(it.tokens[s:], dtype=np.int64)
-            ids.append(toks)
-            pos.append(np.arange(s, s + n, dtype=np.int64))
-            tgt.append(np.concatenate([toks[1:], [0]]))
-            msk.append(np.concatenate([np.asarray(it.loss_mask[s + 1:], dtype=np.float32), [0.0]]).astype(np.float32))
-            blp.append(np.concatenate([np.asarray(it.behav_logp[s + 1:], dtype=np.float32), [0.0]]))
-            adv.append(np.full(n, it.advantage, dtype=np.float32))
-            cof.append(np.full(n, it.coef, dtype=np.float32))
-            seq.append(np.full(n, k, dtype=np.int64))
-            branches.append(n)
+            row.add_prefix(group[0], g[0], s)
+        branches = [row.add_tokens(it, k, s) for k, it in zip(g, group, strict=True)]
         segments.append((start, s, branches))
         start += s + sum(branches)
         cu.append(start)
-    t = torch.from_numpy
-    return PackedBatch(
-        input_ids=t(np.concatenate(ids))[None],
-        position_ids=t(np.concatenate(pos))[None],
-        targets=t(np.concatenate(tgt)),
-        mask=t(np.concatenate(msk)),
-        behav_logp=t(np.concatenate(blp)),
-        advantages=t(np.concatenate(adv)),
-        coef=t(np.concatenate(cof)),
-        cu_seqlens=torch.tensor(cu, dtype=torch.int32),
-        seq_index=t(np.concatenate(seq)),
-        lengths=[s + sum(b) for _, s, b in segments],
-        segments=segments,
-    )
+    return row.batch(cu, [s + sum(b) for _, s, b in segments], segments)
 
 
 def dummy_item(length: int = 2) -> TrainItem:
