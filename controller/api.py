@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controller import datasets as ds
 from controller import ledger, store
+from controller.metrics import LatencyMiddleware
 from controller.store import ApiError
 from shared.auth import BearerAuth, RefuseControlChars, check_auth_setting, token_matches
 
@@ -95,6 +96,7 @@ def make_app(ctl) -> FastAPI:
     app.add_middleware(BearerAuth, tokens=lambda _kind: [token], open_paths=OPEN_PATHS, open_prefixes=("/static/",),
                        wrong_status=401,
                        realm="jetrl controller")
+    app.add_middleware(LatencyMiddleware, metrics=ctl.metrics)  # outermost: refusals are timed too
 
     def documented_auth(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         """Only puts the bearer scheme into the OpenAPI spec: BearerAuth has checked the token already."""
@@ -320,6 +322,15 @@ def make_app(ctl) -> FastAPI:
 
     app.include_router(v1)
     _document_run_config(app)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics():
+        """Prometheus text format (controller/metrics.py); needs the token like /v1 (bearer_token_file in a
+        scrape config). The ledger figures are read from the database, off the event loop."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        body = await run_in_threadpool(generate_latest, ctl.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", include_in_schema=False)
     def dashboard():

@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from launcher.demo_task import write_dataset
-from launcher.up import Launcher, UpOptions, child_config
+from launcher.up import Launcher, UpOptions, child_config, endpoints_text
 from shared.config import JetrlConfig, load_config
 
 log = logging.getLogger("jetrl.demo")
@@ -144,6 +144,7 @@ async def demo_main(opts: DemoOptions) -> int:
     code, snap = 0, {}
     try:
         await launcher.start()
+        console.print(endpoints_text(launcher), markup=False)
         await launcher.enqueue(train, epochs=1, shuffle_seed=opts.seed)
         deadline = t0 + opts.minutes * 60
         last_line = 0.0

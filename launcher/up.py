@@ -213,6 +213,61 @@ def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[Proc
     return specs
 
 
+# Prometheus ports of the children: telemetry.metrics_base_port + these offsets (docs/launch.md). The
+# controller and the weight store serve /metrics on their own API ports.
+METRICS_OFFSETS = {"trainer": 1, "track": 3, "reward": 10, "rollout": 20}
+METRICS_BLOCKS = 20  # a default base that is taken moves up by 100, this many times at most
+
+
+def _metrics_offset(name: str) -> int | None:
+    """'rollout-2' -> 22; None for a child without a metrics endpoint of its own."""
+    kind, _, index = name.partition("-")
+    base = METRICS_OFFSETS.get(kind)
+    return None if base is None else base + (int(index) if index.isdigit() else 0)
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((_local_host(host), port))
+            return True
+        except OSError:
+            return False
+
+
+class MetricsPortError(RuntimeError):
+    pass
+
+
+def assign_metrics_ports(specs: list[ProcessSpec], telemetry) -> dict[str, int]:
+    """Give every child with a metrics endpoint its fixed port (`telemetry.metrics_port=N` on its command
+    line); {child name: port}. metrics_port -1 turns them all off; metrics_base_port 0 picks free ports."""
+    if telemetry.metrics_port < 0:
+        return {}
+    wanted = {s.name: off for s in specs if (off := _metrics_offset(s.name)) is not None}
+    base = telemetry.metrics_base_port
+    if base == 0:
+        ports = {name: free_port() for name in wanted}
+    else:
+        explicit = "metrics_base_port" in telemetry.model_fields_set
+        for _ in range(1 if explicit else METRICS_BLOCKS):
+            ports = {name: base + off for name, off in wanted.items()}
+            busy = [f"{p} ({n})" for n, p in ports.items() if p > 65535 or not _bindable(telemetry.metrics_host, p)]
+            if not busy:
+                break
+            if explicit:
+                raise MetricsPortError(f"metrics port(s) {', '.join(busy)} of telemetry.metrics_base_port={base} are "
+                                       "in use: set telemetry.metrics_base_port to a free block (or 0 for free ports)")
+            base += 100
+        else:
+            raise MetricsPortError(f"no free block of metrics ports from {telemetry.metrics_base_port} on: set "
+                                   "telemetry.metrics_base_port (0 = free ports)")
+    for s in specs:
+        if s.name in ports:
+            s.argv.append(f"telemetry.metrics_port={ports[s.name]}")
+    return ports
+
+
 def write_resolved(cfg: JetrlConfig, opts: UpOptions) -> tuple[JetrlConfig, Path]:
     """Resolve, write `<run dir>/config.yaml` (the children's view), return (resolved, path)."""
     opts.run_dir.mkdir(parents=True, exist_ok=True)
@@ -227,10 +282,13 @@ def dry_run_text(cfg: JetrlConfig, opts: UpOptions) -> str:
 
     resolved, path = write_resolved(cfg, opts)
     specs = plan(resolved, path, opts)
+    ports = assign_metrics_ports(specs, resolved.telemetry)
     lines = [f"# resolved config (read by every process): {path}", path.read_text().rstrip(), "", "# processes"]
     for s in specs:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items())
         lines.append(f"{s.name}: {env + ' ' if env else ''}{shlex.join(s.argv)}")
+    lines += ["", "# metrics ports (telemetry.metrics_base_port + offset)"]
+    lines += [f"{name}: {port}" for name, port in ports.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -267,6 +325,7 @@ class Launcher:
         self.cfg, self.opts, self.console = cfg, opts, console
         self.resolved, self.config_file = write_resolved(cfg, opts)
         self.specs = plan(self.resolved, self.config_file, opts)
+        self.metrics_ports = assign_metrics_ports(self.specs, self.resolved.telemetry)
         self.sup: Supervisor | None = None
         self.http = None
         self.steps: list[dict] = []  # trainer "step" event data (+ "time"), oldest first
@@ -300,6 +359,18 @@ class Launcher:
         for s in self.specs:
             if s.name not in ("nats", "controller", "weights"):
                 await self.sup.add(s)
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        """(what, URL) of everything a user may open or scrape: dashboard, REST, metrics, NATS."""
+        r = self.resolved
+        c, w = r.controller, r.weights
+        host = _local_host(r.telemetry.metrics_host)
+        token = f"/#token=<the token in {c.token_file}>" if c.token_file else "/"
+        out = [("dashboard", c.url + token), ("controller API", f"{c.url}/docs"),
+               ("controller metrics", f"{c.url}/metrics"), ("weights metrics", f"{w.url}/metrics")]
+        out += [(f"{name} metrics", f"http://{host}:{port}/metrics") for name, port in self.metrics_ports.items()]
+        out += [("nats", s) for s in r.nats.servers]
+        return out
 
     @staticmethod
     def _auth(token: str) -> dict[str, str]:
@@ -417,6 +488,13 @@ class Launcher:
             await self.http.aclose()
 
 
+def endpoints_text(launcher: Launcher) -> str:
+    rows = launcher.endpoints()
+    width = max(len(name) for name, _ in rows)
+    warn = "" if launcher.resolved.controller.token_file else "\n  (NO controller token: controller.insecure_no_auth)"
+    return "endpoints:\n" + "\n".join(f"  {name:<{width}}  {url}" for name, url in rows) + warn
+
+
 async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None, epochs: int = 1,
                   shuffle_seed: int | None = None, keep_running: bool = False, panel: bool = True) -> int:
     """`jetrl up`: start everything, optionally enqueue a dataset, show the panel until Ctrl-C or the
@@ -434,7 +512,11 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
     if problems:
         console.print("[red]error:[/] this config cannot run on this host:\n  " + "\n  ".join(problems))
         return 2
-    launcher = Launcher(cfg, opts, console=console)
+    try:
+        launcher = Launcher(cfg, opts, console=console)
+    except MetricsPortError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -455,10 +537,7 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
         if dataset:
             e = await launcher.enqueue(dataset, epochs=epochs, shuffle_seed=shuffle_seed)
             console.print(f"enqueued {e['total']} prompts of {dataset} into {launcher.run}")
-        c = launcher.resolved.controller
-        how = (f"token in {c.token_file}; dashboard: {c.url}/#token=<that token>" if c.token_file
-               else "NO token (controller.insecure_no_auth)")
-        console.print(f"controller {c.url} ({how}); Ctrl-C to stop")
+        console.print(endpoints_text(launcher) + "\nCtrl-C to stop", markup=False)
         live = Live(console=console, refresh_per_second=2, transient=False) if panel else contextlib.nullcontext()
         with live:
             while not stop.is_set():
