@@ -277,6 +277,15 @@ def make_app(ctl) -> FastAPI:
             store.get_run(s, run)
             return store.staleness_hist(s, run, last)
 
+    @v1.get("/runs/{run}/timings", summary="Per-version stage timings: trainer, rollout, weight fetch/swap",
+            dependencies=read)
+    def stage_timings(run: str = _run_path(), last: int = Query(0, ge=0, le=1_000_000,
+                                                                 description="Only the last N steps (0 = all).")
+                      ) -> dict[str, Any]:
+        with ctl.Session() as s:
+            store.get_run(s, run)
+            return store.stage_timings(s, run, last)
+
     @v1.get("/runs/{run}/events", summary="Events seen on the bus (after id, oldest first)", dependencies=read,
             operation_id="runEvents")
     def events(run: str = _run_path(), kind: str | None = Query(None, max_length=64),

@@ -181,6 +181,7 @@ async def demo_main(opts: DemoOptions) -> int:
         summary = summarise_run(opts, launcher, ledger, train_s, final)
         paths = write_outputs(out, summary, launcher.steps, launcher.evals)
         console.print(summary_table(summary))
+        await launcher.print_time_table()
         console.print(f"summary: {out / 'summary.json'}; plots: {', '.join(p.name for p in paths) or 'none'}")
     except RuntimeError as exc:
         console.print(f"[red]demo failed:[/] {exc}")

@@ -459,6 +459,22 @@ class Launcher:
         snap["steps"], snap["evals"] = self.steps, self.evals
         return snap
 
+    async def timings(self) -> dict:
+        """Per-version stage timings (controller/timings.py) of the whole run."""
+        return await self._check(await self.http.get(f"/v1/runs/{self.run}/timings"))
+
+    async def print_time_table(self) -> None:
+        """The "where did the time go" table (launcher/time_report.py); a controller gone says so instead."""
+        from rich.console import Console
+
+        from launcher.time_report import time_table
+
+        console = self.console or Console()
+        try:
+            console.print(time_table(await self.timings()))
+        except Exception as exc:
+            console.print(f"(no stage timings: {type(exc).__name__}: {exc})", markup=False)
+
     def trainer_done(self, snap: dict) -> bool:
         """The trainer finished schedule.total_steps: it exited with 0 by itself (a clean exit is never
         restarted). Not the version: after a resume from an older checkpoint versions run ahead of steps."""
@@ -555,6 +571,8 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
         console.print(f"[red]error:[/] {exc}")
         code = 1
     finally:
+        if launcher.steps:
+            await launcher.print_time_table()
         console.print("stopping services ...")
         await launcher.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -94,7 +94,7 @@ class RolloutWorker:
                 self._closers.append(close)
             else:
                 watch, fetch, latest = (tuple(self._weights) + (None,))[:3]
-            self.follower = WeightFollower(self.engine, cfg.run, watch, fetch, latest)
+            self.follower = WeightFollower(self.engine, cfg.run, watch, fetch, latest, on_swap=self._swapped)
             await self.follower.prime()
         self.ctx = WorkflowContext(engine=self.engine, tokenizer=self.tokenizer, reward=self.reward,
                                    tools=self.tools, cfg=cfg)
@@ -233,6 +233,11 @@ class RolloutWorker:
             )
             await bus.publish(self.js, self.nc, subjects.trajectories(task.run), group, msg_id=task.group_id,
                               timeout=self.cfg.rollout.service.publish_timeout_s)
+            for s in samples:
+                for stage in ("generate", "reward", "tools"):
+                    v = s.timings.get(stage)
+                    if isinstance(v, (int, float)):
+                        self.metrics.stage_seconds.labels(stage).observe(v)
         except EngineDead as exc:
             if self.fatal is None:
                 log.error("engine dead, stopping this worker (its tasks go back to the stream): %s", exc)
@@ -262,6 +267,14 @@ class RolloutWorker:
         while True:
             await asyncio.sleep(1.0)
             await self._flush_published()
+
+    async def _swapped(self, version: int, fetch_s: float, swap_s: float) -> None:
+        """A weight version is in the engine: a "weights" event and the fetch / swap histograms."""
+        self.metrics.stage_seconds.labels("fetch").observe(fetch_s)
+        self.metrics.stage_seconds.labels("swap").observe(swap_s)
+        if self.events is not None:
+            await self.events.emit("weights", {"version": version, "fetch_s": fetch_s, "swap_s": swap_s,
+                                               "worker": self.instance})
 
     def snapshot(self) -> dict[str, Any]:
         """The 'metrics' event: tokens_per_s, in_flight, version, version_lag, tool_calls, errors."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -21,12 +22,14 @@ log = logging.getLogger("jetrl.rollout.weights")
 WatchFn = Callable[[], AsyncIterator[WeightVersion]]
 FetchFn = Callable[[str, int], Awaitable[Path]]
 LatestFn = Callable[[], Awaitable[WeightVersion | None]]
+SwapFn = Callable[[int, float, float], Awaitable[None]]  # (version, fetch seconds, swap seconds)
 
 
 class WeightFollower:
     def __init__(self, engine: Engine, run: str, watch: WatchFn, fetch: FetchFn, latest: LatestFn | None = None,
-                 retry_s: float = 1.0):
+                 retry_s: float = 1.0, on_swap: SwapFn | None = None):
         self.engine, self.run_id, self._watch, self._fetch, self._latest = engine, run, watch, fetch, latest
+        self.on_swap = on_swap  # told the fetch and swap seconds of every version swapped in
         self.latest = -1  # newest announced version seen (-1: none yet)
         self.swaps = 0
         self.fetch_errors = 0
@@ -94,12 +97,18 @@ class WeightFollower:
             while self.latest > self.engine.version:
                 target = self.latest
                 try:
+                    t0 = time.perf_counter()
                     path = await self._fetch(self.run_id, target)
+                    t1 = time.perf_counter()
                     await self.engine.update_weights(target, path=str(path))
+                    t2 = time.perf_counter()
                     self.swaps += 1
                     self._swapped.set()
                     self._swapped = asyncio.Event()
-                    log.info("run %s: engine now on version %d", self.run_id, target)
+                    log.info("run %s: engine now on version %d (fetch %.3fs, swap %.3fs)", self.run_id, target,
+                             t1 - t0, t2 - t1)
+                    if self.on_swap is not None:
+                        await self.on_swap(target, t1 - t0, t2 - t1)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:

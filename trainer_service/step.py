@@ -67,10 +67,30 @@ def assign_coefficients(items: Sequence[TrainItem], cfg: TrainerConfig, norm_len
         it.coef = c
 
 
+class StageClock:
+    """Seconds spent per stage (forward, backward, optimizer) of one step. On a GPU the device is
+    synchronised at each boundary, so queued kernels are charged to the stage that launched them."""
+
+    def __init__(self, device):
+        self.sync = torch.cuda.synchronize if getattr(device, "type", "") == "cuda" else (lambda: None)
+        self.seconds: dict[str, float] = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        self._stage, self._t = None, 0.0
+
+    def __call__(self, stage: str | None) -> None:
+        """Start `stage` (None: stop), charging the time since the last call to the running one."""
+        self.sync()
+        now = time.perf_counter()
+        if self._stage is not None:
+            self.seconds[self._stage] += now - self._t
+        self._stage, self._t = stage, now
+
+
 def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int = 64) -> dict:
     """Run one optimizer step on the whole batch `items` (identical on every rank). Returns stats
-    (summed over ranks, then normalised) for events and metrics."""
+    (summed over ranks, then normalised) for events and metrics, and `timings` (rank 0's seconds in
+    forward, backward and optimizer; the rest of `step_time_s` is packing, transfers and collectives)."""
     t0 = time.perf_counter()
+    clock = StageClock(backend.device)
     a = cfg.algorithm
     assign_coefficients(items, cfg, norm_length)
     micro = [m.to(backend.device) for m in
@@ -78,14 +98,17 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
                                     backend.all_reduce_max)]
     # Proximal (and reference) logprobs: the policy before this update, no gradient.
     prox, ref = [], []
+    clock("forward")
     with torch.no_grad():
         for m in micro:
             prox.append(backend.forward(m, which="policy")[0].detach() if a.decoupled else m.behav_logp)
             if a.kl_coef > 0:
                 ref.append(backend.forward(m, which="ref")[0].detach())
+    clock(None)
     backend.zero_grad()
     sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64)
     for k, m in enumerate(micro):
+        clock("forward")
         logp, entropy = backend.forward(m, which="policy", grad=True)
         terms = decoupled_ppo_terms(logp, prox[k], m.behav_logp, m.advantages, a.eps_clip, a.eps_clip_high,
                                     a.behav_imp_weight_cap, a.behav_imp_weight_mode)
@@ -95,7 +118,9 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
         w = m.mask * m.coef
         loss = (tok * w).sum()
         # Backends average gradients over ranks; the loss is a sum over the whole batch, so scale back.
+        clock("backward")
         backend.backward(loss * backend.world_size)
+        clock(None)
         with torch.no_grad():
             mk = m.mask
             sums += torch.tensor([
@@ -104,7 +129,9 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
                 float((terms.behav_weight * mk).sum()), float((terms.ratio * mk).sum()), float(mk.sum()),
                 float(m.num_tokens if m.coef.abs().sum() > 0 else 0), float((m.advantages.abs() * mk).sum()),
             ], dtype=torch.float64)
+    clock("optimizer")
     grad_norm = backend.clip_and_step(cfg.optim.grad_clip)
+    clock(None)
     sums = backend.all_reduce_sum(sums)
     s = dict(zip(STAT_KEYS, sums.tolist(), strict=True))
     n = max(s["loss_tokens"], 1.0)
@@ -115,5 +142,5 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
         "behav_weight_mean": s["behav_weight"] / n, "ratio_mean": s["ratio"] / n, "adv_abs_mean": s["adv_abs"] / n,
         "loss_tokens": int(s["loss_tokens"]), "tokens": int(s["tokens"]), "grad_norm": grad_norm,
         "lr": backend.current_lr(), "micro_batches": len(micro), "step_time_s": dt,
-        "tokens_per_s": s["tokens"] / dt if dt > 0 else 0.0,
+        "tokens_per_s": s["tokens"] / dt if dt > 0 else 0.0, "timings": clock.seconds,
     }

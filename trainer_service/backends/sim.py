@@ -46,4 +46,5 @@ class SimBackend(FSDPBackend):
             "loss_tokens": sum(it.num_loss_tokens for it in items), "tokens": tokens, "grad_norm": 0.0,
             "lr": self.current_lr(), "micro_batches": 0, "step_time_s": dt,
             "tokens_per_s": tokens / dt if dt > 0 else 0.0, "simulated": 1, "simulated_cost_s": cost,
+            "timings": {},  # no forward / backward / optimizer: the trainer charges the sleep to train_other
         }
