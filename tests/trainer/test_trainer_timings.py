@@ -61,6 +61,6 @@ async def test_stage_timings_add_up_to_the_steps_wall_time(nats_server, js, nc, 
         r = d["rollout_timings"]
         assert r["generate"] == 0.5 and r["reward"] == 0.25 and r["tools"] == 0.0 and r["queue_wait"] > 0
     # the wall time is the time between consecutive step events, measured independently of the stages
-    for prev, cur in zip(step_events, step_events[1:]):
+    for prev, cur in zip(step_events, step_events[1:], strict=False):
         assert cur.data["wall_s"] == pytest.approx(cur.time - prev.time, rel=0.10, abs=0.05)
         assert cur.data["timings"]["checkpoint"] > 0  # the previous step's checkpoint (checkpoint_every 1)
