@@ -1,7 +1,8 @@
 """`jetrl up -c CONFIG`: every service of a run as supervised child processes on this host.
 
     nats (embedded, unless nats.embedded is false) -> controller -> weights -> reward x R
-        -> rollout x N -> trainer (nproc via trainer.nproc) -> eval (when eval.dataset + eval.eval_every)
+        -> rollout x N -> trainer (nproc via trainer.nproc) -> track (when tracking.enabled)
+        -> eval (when eval.dataset + eval.eval_every)
 
 The run dir gets `config.yaml`, the *resolved* config every child reads: free ports for NATS, the
 controller and the weight store, and the state paths the config leaves at their defaults (database,
@@ -101,6 +102,8 @@ def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
     t = out.trainer
     _inside(run_dir, t, "checkpoint_dir", "checkpoints")
     _inside(run_dir, t, "publish_dir", "published")
+    if out.tracking.enabled:
+        _inside(run_dir, out.tracking, "dir", "tracking")
     ev = getattr(out, "eval", None)
     if ev is not None and ev.dataset:
         ev.dataset = str(Path(ev.dataset).resolve())
@@ -204,6 +207,8 @@ def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[Proc
         specs.append(ProcessSpec(name, CHILD + ["rollout", "-c", f, "--worker", f"{resolved.run}-{name}"],
                                  env=dict(threads)))
     specs.append(ProcessSpec("trainer", CHILD + ["trainer", "-c", f, "--resume"], env=dict(threads)))
+    if resolved.tracking.enabled:  # one more bus subscriber; the trainer and workers know nothing of it
+        specs.append(ProcessSpec("track", CHILD + ["track", "-c", f]))
     if want_eval:
         specs.append(ProcessSpec("eval", CHILD + ["eval", "-c", f, "--follow", "--dataset",
                                                   str(Path(eval_dataset).resolve()), "--every", str(eval_every)],

@@ -89,3 +89,17 @@ def test_eval_follower_is_planned_when_asked_for(tmp_path):
     opts = UpOptions(run_dir=tmp_path / "run", eval_dataset=str(tmp_path / "h.jsonl"), eval_every=3)
     ev = [s for s in plan(resolve_config(cfg, opts.run_dir), tmp_path / "c.yaml", opts) if s.name == "eval"]
     assert ev and ev[0].argv[-4:] == ["--dataset", str(tmp_path / "h.jsonl"), "--every", "3"]
+
+
+def test_tracker_sink_is_planned_when_tracking_is_enabled(tmp_path):
+    from launcher.up import assign_metrics_ports
+
+    r = resolve_config(_cfg(tmp_path, "run: tr\ntracking: {enabled: true, to: wandb}\n"), tmp_path / "run")
+    assert r.tracking.dir == str((tmp_path / "run" / "tracking").resolve())
+    specs = plan(r, tmp_path / "run" / "config.yaml", UpOptions(run_dir=tmp_path / "run"))
+    track = next(s for s in specs if s.name == "track")
+    assert track.argv[-3:] == ["track", "-c", str(tmp_path / "run" / "config.yaml")]
+    ports = assign_metrics_ports(specs, r.telemetry)
+    assert ports["track"] - ports["trainer"] == 2  # base + 3
+    off = resolve_config(_cfg(tmp_path, "run: tr\n"), tmp_path / "run2")
+    assert "track" not in [s.name for s in plan(off, tmp_path / "c.yaml", UpOptions(run_dir=tmp_path / "run2"))]
