@@ -286,6 +286,34 @@ def make_app(ctl) -> FastAPI:
             store.get_run(s, run)
             return store.stage_timings(s, run, last)
 
+    @v1.get("/runs/{run}/rollouts", summary="Trajectory groups, newest first, read from the TRAJECTORIES stream",
+            dependencies=read, operation_id="runRollouts")
+    async def rollouts(run: str = _run_path(),
+                       version: int | None = Query(None, ge=-1, le=2**31 - 1,
+                                                   description="Only groups whose newest token version is this."),
+                       prompt: str | None = Query(None, min_length=1, max_length=128, description="Only this prompt id."),
+                       min_reward: float | None = Query(None, ge=-1e9, le=1e9, description="Only samples >= this."),
+                       max_reward: float | None = Query(None, ge=-1e9, le=1e9, description="Only samples <= this."),
+                       before: int | None = Query(None, ge=1, le=2**62,
+                                                  description="Cursor: stream sequence to read below (next_before)."),
+                       limit: int = Query(20, ge=1, le=100, description="Groups per page."),
+                       scan: int = Query(1000, ge=1, le=10_000, description="Messages read at most for this page.")
+                       ) -> dict[str, Any]:
+        from controller.rollouts import RolloutQuery, read_page
+
+        def model_cfg() -> dict:
+            with ctl.Session() as s:
+                return dict(store.get_run(s, run).config.get("model") or {})
+
+        mcfg = await run_in_threadpool(model_cfg)
+        if min_reward is not None and max_reward is not None and min_reward > max_reward:
+            raise ApiError(422, f"min_reward {min_reward} is above max_reward {max_reward}: swap them")
+        if not ctl.ready:
+            raise ApiError(503, f"the controller is not connected to NATS yet ({ctl.nats_state}); retry shortly")
+        q = RolloutQuery(version=version, prompt=prompt, min_reward=min_reward, max_reward=max_reward, before=before,
+                         limit=limit, scan=scan)
+        return await read_page(ctl.js, run, q, mcfg, ctl.tokenizers, run_in_threadpool)
+
     @v1.get("/runs/{run}/events", summary="Events seen on the bus (after id, oldest first)", dependencies=read,
             operation_id="runEvents")
     def events(run: str = _run_path(), kind: str | None = Query(None, max_length=64),

@@ -189,6 +189,66 @@ function renderQueues(q) {
   ], { time: true, xlabel: "time" });
 }
 
+// Rollout viewer: GET /v1/runs/{run}/rollouts pages the TRAJECTORIES stream newest first (cursor = before).
+const viewer = { run: null, before: null };
+
+function viewerParams(before) {
+  const p = new URLSearchParams({ limit: "10" });
+  for (const [id, key] of [["viewer-version", "version"], ["viewer-prompt", "prompt"], ["viewer-min", "min_reward"],
+                           ["viewer-max", "max_reward"]]) {
+    const v = document.getElementById(id).value.trim();
+    if (v !== "") p.set(key, v);
+  }
+  if (before) p.set("before", String(before));
+  return p;
+}
+
+function renderGroup(g) {
+  const box = el("div", { class: "group", "data-group": g.group_id, "data-seq": String(g.seq) });
+  box.appendChild(el("div", { class: "group-head" },
+    `${g.group_id} · version ${g.version} · worker ${g.worker || "-"} · stream seq ${g.seq}`));
+  for (const s of g.samples) {
+    const line = el("div", { class: "sample", "data-reward": String(s.reward) });
+    line.appendChild(el("span", { class: "reward" }, s.reward.toFixed(2)));
+    line.appendChild(el("span", { class: "seg-prompt" }, s.prompt == null ? `[${s.prompt_len} prompt tokens]` : s.prompt));
+    for (const seg of s.segments) {
+      const text = seg.text != null ? seg.text : "[" + (seg.ids || []).join(" ") + "]";
+      const attrs = { class: "seg-" + seg.kind, "data-kind": seg.kind, "data-version": String(seg.version) };
+      if (seg.kind === "policy") attrs.title = "sampled by version " + seg.version;
+      else attrs.title = "environment / tool tokens (loss mask 0)";
+      line.appendChild(el("span", attrs, text));
+    }
+    line.appendChild(el("span", { class: "group-head" }, "  (" + s.finish_reason + ")"));
+    box.appendChild(line);
+  }
+  return box;
+}
+
+async function loadRollouts(more) {
+  if (!state.run) return;
+  const box = document.getElementById("viewer");
+  const status = document.getElementById("viewer-status");
+  const page = await getJSON("/v1/runs/" + encodeURIComponent(state.run) + "/rollouts?" +
+                             viewerParams(more ? viewer.before : null));
+  if (!more) box.textContent = "";
+  for (const g of page.items) box.appendChild(renderGroup(g));
+  if (!box.children.length) box.appendChild(el("div", { class: "empty" }, "no trajectories match"));
+  viewer.run = state.run;
+  viewer.before = page.next_before;
+  document.getElementById("viewer-older").disabled = !page.next_before;
+  box.dataset.groups = String(box.querySelectorAll(".group").length);
+  status.textContent = `${page.items.length} groups from ${page.scanned} messages read` +
+                       (page.exhausted ? " (start of the stream)" : "");
+}
+
+document.getElementById("viewer-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  loadRollouts(false).catch((e) => { document.getElementById("viewer-status").textContent = e.message; });
+});
+document.getElementById("viewer-older").addEventListener("click", () => {
+  loadRollouts(true).catch((e) => { document.getElementById("viewer-status").textContent = e.message; });
+});
+
 async function refresh() {
   try {
     const [health, runs] = await Promise.all([getJSON("/v1/health"), getJSON("/v1/runs")]);
@@ -202,6 +262,7 @@ async function refresh() {
       renderStaleness(hist);
       renderQueues(q);
       renderTimings(tm);
+      if (viewer.run !== state.run) await loadRollouts(false);  // once per run; then on search / older
     }
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
     document.body.dataset.loaded = "1";
