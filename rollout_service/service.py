@@ -101,7 +101,7 @@ class RolloutWorker:
         svc = cfg.rollout.service
         self.loop = bus.ConsumerLoop(
             self.js, self.nc, run=cfg.run, stream=subjects.PROMPTS_STREAM, subject=subjects.prompts(cfg.run),
-            durable=subjects.rollout_consumer(cfg.run), handler=self._handle, expect=PromptTask,
+            durable=subjects.rollout_consumer(cfg.run), handler=self._handle, expect=PromptTask, source="rollout",
             batch=min(svc.fetch_batch, cfg.rollout.max_in_flight), max_in_flight=cfg.rollout.max_in_flight,
             ack_wait_s=svc.ack_wait_s, max_deliver=svc.max_deliver, can_fetch=self.can_fetch,
         )

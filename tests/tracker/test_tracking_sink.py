@@ -17,7 +17,7 @@ import pytest
 
 from shared import bus, subjects
 from shared.messages import TRAINER_STAGES, Event, Sample, TrajectoryGroup
-from tracking.scalars import RolloutStats, WorkerGauges, event_scalars
+from tracker.scalars import RolloutStats, WorkerGauges, event_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "trk"

@@ -24,8 +24,8 @@ def track_cmd(
     from pathlib import Path
 
     from shared.telemetry import setup_logging, start_metrics
-    from tracking.sink import TrackerSink
-    from tracking.writers import WRITERS
+    from tracker.sink import TrackerSink
+    from tracker.writers import WRITERS
 
     ov = list(overrides or [])
     if to:

@@ -1,6 +1,6 @@
 """The tracker sink: ordered (ephemeral, unacked) consumers on the run's EVENTS and TRAJECTORIES
 subjects, so it changes nothing for the trainer, the workers or the controller's durable consumers; each
-message becomes scalars (tracking/scalars.py) written to one tracker (tracking/writers.py)."""
+message becomes scalars (tracker/scalars.py) written to one tracker (tracker/writers.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from shared import bus, codec, subjects
 from shared.config import JetrlConfig
 from shared.messages import Event, TrajectoryGroup
-from tracking.scalars import RolloutStats, WorkerGauges, event_scalars
+from tracker.scalars import RolloutStats, WorkerGauges, event_scalars
 
 log = logging.getLogger("jetrl.track")
 
