@@ -114,6 +114,8 @@ def group_view(g: TrajectoryGroup, seq: int, tok, q: RolloutQuery) -> dict | Non
 async def read_page(js, run: str, q: RolloutQuery, model_cfg: dict, tokenizers: Tokenizers, to_thread) -> dict:
     """A page of groups, newest first: {"items", "next_before", "scanned", "exhausted"}."""
     subject = subjects.trajectories(run)
+    state = (await js.stream_info(subjects.TRAJECTORIES_STREAM)).state
+    first = max(1, state.first_seq)  # below it the stream holds nothing any more
     if q.before is None:
         try:
             last = await js.get_last_msg(subjects.TRAJECTORIES_STREAM, subject)
@@ -121,14 +123,14 @@ async def read_page(js, run: str, q: RolloutQuery, model_cfg: dict, tokenizers: 
             return {"items": [], "next_before": None, "scanned": 0, "exhausted": True}
         seq = last.seq
     else:
-        seq = q.before - 1
+        seq = min(q.before - 1, state.last_seq)
     found: list[tuple[int, TrajectoryGroup]] = []
     scanned = 0
-    while seq >= 1 and len(found) < q.limit and scanned < q.scan:
+    while seq >= first and len(found) < q.limit and scanned < q.scan:
         scanned += 1
         try:
             m = await js.get_msg(subjects.TRAJECTORIES_STREAM, seq=seq)
-        except NotFoundError:  # deleted or aged out: older ones are gone too under limits retention
+        except NotFoundError:  # deleted since the stream info was read
             seq -= 1
             continue
         cur, seq = seq, seq - 1
@@ -149,4 +151,5 @@ async def read_page(js, run: str, q: RolloutQuery, model_cfg: dict, tokenizers: 
         return [v for cur, g in found if (v := group_view(g, cur, tok, q)) is not None]
 
     items = await to_thread(views) if found else []
-    return {"items": items, "next_before": seq + 1 if seq >= 1 else None, "scanned": scanned, "exhausted": seq < 1}
+    done = seq < first
+    return {"items": items, "next_before": None if done else seq + 1, "scanned": scanned, "exhausted": done}

@@ -118,3 +118,15 @@ async def test_viewer_marks_tool_tokens_and_the_version_of_every_policy_token(li
     bad = await live.http.get("/v1/runs/tools/rollouts", params={"min_reward": 1, "max_reward": 0})
     assert bad.status_code == 422 and "swap" in bad.json()["detail"]
     assert (await live.http.get("/v1/runs/nope/rollouts")).status_code == 404
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_a_cursor_past_the_stream_end_reads_only_what_the_stream_holds(live, js, nc):
+    assert (await live.http.post("/v1/runs", json=run_config("cur", 1, 4), headers=AUTH)).status_code == 201
+    tok = build_tokenizer()
+    for i in range(3):
+        g = TrajectoryGroup(run="cur", prompt_id=f"p{i}", epoch=0, samples=[text_sample(tok, "q", [("a", 0)], 1.0)])
+        await js.publish(subjects.trajectories("cur"), codec.encode(g))
+    page = (await live.http.get("/v1/runs/cur/rollouts", params={"before": 2**62, "scan": 10_000})).json()
+    assert [g["prompt_id"] for g in page["items"]] == ["p2", "p1", "p0"]
+    assert page["scanned"] == 3 and page["exhausted"] and page["next_before"] is None
