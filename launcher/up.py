@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.metrics_ports import MetricsPortError, assign_metrics_ports, local_host
 from launcher.supervisor import ProcessSpec, Supervisor
 from shared.config import JetrlConfig, dump_config
 from shared.credentials import write_private
@@ -73,10 +74,6 @@ def _port(section, name: str) -> int:
     return free_port()
 
 
-def _local_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-
-
 def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
     """The config every child reads: concrete ports and URLs, state paths inside `run_dir`, and NATS as a
     server to connect to (the launcher runs the embedded one itself)."""
@@ -90,14 +87,14 @@ def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
     c = out.controller
     c.port = _port(c, "port")
     if not _explicit(c, "url"):
-        c.url = f"http://{_local_host(c.host)}:{c.port}"
+        c.url = f"http://{local_host(c.host)}:{c.port}"
     if not _explicit(c, "db_url"):
         c.db_url = f"sqlite:///{run_dir / 'controller.db'}"
     _inside(run_dir, c, "data_dir", "data")
     w = out.weights
     w.port = _port(w, "port")
     if not _explicit(w, "url"):
-        w.url = f"http://{_local_host(w.host)}:{w.port}"
+        w.url = f"http://{local_host(w.host)}:{w.port}"
     _inside(run_dir, w, "root", "weights")
     t = out.trainer
     _inside(run_dir, t, "checkpoint_dir", "checkpoints")
@@ -218,61 +215,6 @@ def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[Proc
     return specs
 
 
-# Prometheus ports of the children: telemetry.metrics_base_port + these offsets (docs/launch.md). The
-# controller and the weight store serve /metrics on their own API ports.
-METRICS_OFFSETS = {"trainer": 1, "track": 3, "reward": 10, "rollout": 20}
-METRICS_BLOCKS = 20  # a default base that is taken moves up by 100, this many times at most
-
-
-def _metrics_offset(name: str) -> int | None:
-    """'rollout-2' -> 22; None for a child without a metrics endpoint of its own."""
-    kind, _, index = name.partition("-")
-    base = METRICS_OFFSETS.get(kind)
-    return None if base is None else base + (int(index) if index.isdigit() else 0)
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((_local_host(host), port))
-            return True
-        except OSError:
-            return False
-
-
-class MetricsPortError(RuntimeError):
-    pass
-
-
-def assign_metrics_ports(specs: list[ProcessSpec], telemetry) -> dict[str, int]:
-    """Give every child with a metrics endpoint its fixed port (`telemetry.metrics_port=N` on its command
-    line); {child name: port}. metrics_port -1 turns them all off; metrics_base_port 0 picks free ports."""
-    if telemetry.metrics_port < 0:
-        return {}
-    wanted = {s.name: off for s in specs if (off := _metrics_offset(s.name)) is not None}
-    base = telemetry.metrics_base_port
-    if base == 0:
-        ports = {name: free_port() for name in wanted}
-    else:
-        explicit = "metrics_base_port" in telemetry.model_fields_set
-        for _ in range(1 if explicit else METRICS_BLOCKS):
-            ports = {name: base + off for name, off in wanted.items()}
-            busy = [f"{p} ({n})" for n, p in ports.items() if p > 65535 or not _bindable(telemetry.metrics_host, p)]
-            if not busy:
-                break
-            if explicit:
-                raise MetricsPortError(f"metrics port(s) {', '.join(busy)} of telemetry.metrics_base_port={base} are "
-                                       "in use: set telemetry.metrics_base_port to a free block (or 0 for free ports)")
-            base += 100
-        else:
-            raise MetricsPortError(f"no free block of metrics ports from {telemetry.metrics_base_port} on: set "
-                                   "telemetry.metrics_base_port (0 = free ports)")
-    for s in specs:
-        if s.name in ports:
-            s.argv.append(f"telemetry.metrics_port={ports[s.name]}")
-    return ports
-
-
 def write_resolved(cfg: JetrlConfig, opts: UpOptions) -> tuple[JetrlConfig, Path]:
     """Resolve, write `<run dir>/config.yaml` (the children's view), return (resolved, path)."""
     opts.run_dir.mkdir(parents=True, exist_ok=True)
@@ -369,7 +311,7 @@ class Launcher:
         """(what, URL) of everything a user may open or scrape: dashboard, REST, metrics, NATS."""
         r = self.resolved
         c, w = r.controller, r.weights
-        host = _local_host(r.telemetry.metrics_host)
+        host = local_host(r.telemetry.metrics_host)
         token = f"/#token=<the token in {c.token_file}>" if c.token_file else "/"
         out = [("dashboard", c.url + token), ("controller API", f"{c.url}/docs"),
                ("controller metrics", f"{c.url}/metrics"), ("weights metrics", f"{w.url}/metrics")]

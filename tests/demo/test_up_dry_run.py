@@ -43,7 +43,7 @@ def test_dry_run_prints_every_process_and_writes_the_resolved_config(tmp_path):
 def test_metrics_ports_are_fixed_by_default_and_move_only_when_taken(tmp_path):
     import socket
 
-    from launcher.up import MetricsPortError, assign_metrics_ports
+    from launcher.metrics_ports import MetricsPortError, assign_metrics_ports
 
     def specs(text):
         r = resolve_config(_cfg(tmp_path, text), tmp_path / "run")
@@ -92,7 +92,7 @@ def test_eval_follower_is_planned_when_asked_for(tmp_path):
 
 
 def test_tracker_sink_is_planned_when_tracking_is_enabled(tmp_path):
-    from launcher.up import assign_metrics_ports
+    from launcher.metrics_ports import assign_metrics_ports
 
     r = resolve_config(_cfg(tmp_path, "run: tr\ntracking: {enabled: true, to: wandb}\n"), tmp_path / "run")
     assert r.tracking.dir == str((tmp_path / "run" / "tracking").resolve())
