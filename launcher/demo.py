@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from launcher.demo_task import write_dataset
+from launcher.metrics_ports import MetricsPortError
 from launcher.up import Launcher, UpOptions, child_config, endpoints_text
 from shared.config import JetrlConfig, load_config
 
@@ -126,9 +127,13 @@ async def demo_main(opts: DemoOptions) -> int:
     n_train = max(4000, int(opts.steps * 16 * 1.25))
     train, heldout = write_dataset(state / "data", train=n_train, heldout=opts.heldout, seed=opts.seed)
     cfg = build_config(opts, run, state)
-    launcher = Launcher(cfg, UpOptions(run_dir=state, workers=opts.workers, echo_logs=False,
-                                       eval_dataset=str(heldout), eval_every=opts.eval_every),
-                        console=console)
+    try:
+        launcher = Launcher(cfg, UpOptions(run_dir=state, workers=opts.workers, echo_logs=False,
+                                           eval_dataset=str(heldout), eval_every=opts.eval_every),
+                            console=console)
+    except MetricsPortError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
     if opts.engine == "vllm":  # one vllm server per rollout worker is enough; the eval process uses torch
         for s in launcher.specs:
             if s.name == "eval":
