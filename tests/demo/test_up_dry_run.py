@@ -103,3 +103,18 @@ def test_tracker_sink_is_planned_when_tracking_is_enabled(tmp_path):
     assert ports["track"] - ports["trainer"] == 2  # base + 3
     off = resolve_config(_cfg(tmp_path, "run: tr\n"), tmp_path / "run2")
     assert "track" not in [s.name for s in plan(off, tmp_path / "c.yaml", UpOptions(run_dir=tmp_path / "run2"))]
+
+
+def test_endpoints_list_names_the_dashboard_every_metrics_url_and_nats(tmp_path):
+    from launcher.up import Launcher, endpoints_text
+
+    cfg = _cfg(tmp_path, "run: ep\nnats: {embedded: true}\ntelemetry: {metrics_base_port: 0}\n")
+    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", workers=2), console=None)
+    text = endpoints_text(launcher)
+    c = launcher.resolved.controller
+    assert f"dashboard           {c.url}/#token=<the token in {tmp_path / 'run' / 'secrets' / 'controller.token'}>" in text
+    assert f"controller metrics  {c.url}/metrics" in text and f"{launcher.resolved.weights.url}/metrics" in text
+    for name, port in launcher.metrics_ports.items():
+        assert f"{name} metrics" in text and f"http://127.0.0.1:{port}/metrics" in text
+    assert set(launcher.metrics_ports) == {"reward", "rollout-0", "rollout-1", "trainer"}
+    assert launcher.resolved.nats.servers[0] in text
