@@ -7,8 +7,8 @@ launcher, one after the other, the same seed:
 
 - off: every process's Prometheus endpoint off (`telemetry.metrics_port: -1`), no tracker, nobody reading.
 - on: metrics endpoints on, `jetrl track --to tensorboard` subscribed to the run, and a reader standing
-  for an open dashboard: every second the controller's /metrics, /timings and a page of the rollout
-  viewer (and each child's /metrics), as a Prometheus scrape plus a browser would.
+  for an open dashboard (its JSON reads every 2 s, a rollout-viewer page every 10 s) and a Prometheus
+  server scraping every /metrics endpoint every 16 s.
 
 The figure is the trainer's steps/s between the `--warmup`th and the last step event (its `time`).
 Last line: `observability_overhead_ratio: X` = steps/s on ÷ steps/s off (target >= 0.95).
@@ -32,23 +32,29 @@ from shared.config import JetrlConfig
 
 
 async def reader(launcher: Launcher, stop: asyncio.Event) -> int:
-    """What an open dashboard and a Prometheus scrape do, once a second; returns the requests made."""
-    n = 0
-    urls = [f"http://127.0.0.1:{p}/metrics" for p in launcher.metrics_ports.values()]
+    """What an open dashboard does (controller/dashboard/app.js: its reads every 2 s; a viewer page, which
+    it loads on demand, every 10 s here) and a Prometheus scrape every 15 s of every /metrics endpoint;
+    returns the requests made."""
+    n, tick = 0, 0
+    run = launcher.run
+    scrape = [f"http://127.0.0.1:{p}/metrics" for p in launcher.metrics_ports.values()]
     async with httpx.AsyncClient(timeout=10) as plain:
         while not stop.is_set():
-            run = launcher.run
-            for path in ("/metrics", f"/v1/runs/{run}/timings?last=500", f"/v1/runs/{run}/rollouts?limit=10",
-                         f"/v1/runs/{run}/metrics", f"/v1/runs/{run}/staleness"):
+            paths = ["/v1/health", "/v1/runs", f"/v1/runs/{run}/metrics", f"/v1/runs/{run}/staleness",
+                     f"/v1/runs/{run}/queues", f"/v1/runs/{run}/timings?last=500"]
+            if tick % 5 == 0:
+                paths.append(f"/v1/runs/{run}/rollouts?limit=10")
+            for path in paths + (["/metrics"] if tick % 8 == 0 else []):
                 with contextlib.suppress(httpx.HTTPError):
                     await launcher.http.get(path)
                     n += 1
-            for u in urls:
+            for u in scrape if tick % 8 == 0 else []:
                 with contextlib.suppress(httpx.HTTPError):
                     await plain.get(u)
                     n += 1
+            tick += 1
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
+                await asyncio.wait_for(stop.wait(), 2.0)
     return n
 
 
