@@ -96,12 +96,11 @@ async def run(args) -> dict:
             "stage_s_per_step": {
                 "rollout_generate": round(last.get("group_generate_s", 0.0) / n, 2),
                 "rollout_reward": round(last.get("group_reward_s", 0.0) / n, 3),
-                "trainer_prox": round(_mean([s.get("prox_s", 0.0) for s in steps]), 2),
-                "trainer_forward": round(_mean([s.get("forward_s", 0.0) for s in steps]), 2),
-                "trainer_backward": round(_mean([s.get("backward_s", 0.0) for s in steps]), 2),
-                "trainer_optimizer": round(_mean([s.get("optim_s", 0.0) for s in steps]), 2),
+                # the trainer's stages of each step event (trainer_service/timings.py)
+                **{f"trainer_{k}": round(_mean([s.get("timings", {}).get(k, 0.0) for s in steps]), 2)
+                   for k in ("forward", "backward", "optimizer", "train_other")},
                 "trainer_step_total": round(_mean([s.get("step_time_s", 0.0) for s in steps]), 2),
-                "publish": round(_mean([s.get("publish_s", 0.0) for s in steps]), 2),
+                "publish": round(_mean([s.get("timings", {}).get("publish", 0.0) for s in steps]), 2),
                 "fetch": round(last.get("weight_fetch_s", 0.0) / n, 2),
                 "swap": round(last.get("weight_swap_s", 0.0) / n, 2),
             },

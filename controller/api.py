@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controller import datasets as ds
 from controller import ledger, store
+from controller.metrics import LatencyMiddleware
 from controller.store import ApiError
 from shared.auth import BearerAuth, RefuseControlChars, check_auth_setting, token_matches
 
@@ -95,6 +96,7 @@ def make_app(ctl) -> FastAPI:
     app.add_middleware(BearerAuth, tokens=lambda _kind: [token], open_paths=OPEN_PATHS, open_prefixes=("/static/",),
                        wrong_status=401,
                        realm="jetrl controller")
+    app.add_middleware(LatencyMiddleware, metrics=ctl.metrics)  # outermost: refusals are timed too
 
     def documented_auth(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         """Only puts the bearer scheme into the OpenAPI spec: BearerAuth has checked the token already."""
@@ -275,6 +277,43 @@ def make_app(ctl) -> FastAPI:
             store.get_run(s, run)
             return store.staleness_hist(s, run, last)
 
+    @v1.get("/runs/{run}/timings", summary="Per-version stage timings: trainer, rollout, weight fetch/swap",
+            dependencies=read)
+    def stage_timings(run: str = _run_path(), last: int = Query(0, ge=0, le=1_000_000,
+                                                                 description="Only the last N steps (0 = all).")
+                      ) -> dict[str, Any]:
+        with ctl.Session() as s:
+            store.get_run(s, run)
+            return store.stage_timings(s, run, last)
+
+    @v1.get("/runs/{run}/rollouts", summary="Trajectory groups, newest first, read from the TRAJECTORIES stream",
+            dependencies=read, operation_id="runRollouts")
+    async def rollouts(run: str = _run_path(),
+                       version: int | None = Query(None, ge=-1, le=2**31 - 1,
+                                                   description="Only groups whose newest token version is this."),
+                       prompt: str | None = Query(None, min_length=1, max_length=128, description="Only this prompt id."),
+                       min_reward: float | None = Query(None, ge=-1e9, le=1e9, description="Only samples >= this."),
+                       max_reward: float | None = Query(None, ge=-1e9, le=1e9, description="Only samples <= this."),
+                       before: int | None = Query(None, ge=1, le=2**62,
+                                                  description="Cursor: stream sequence to read below (next_before)."),
+                       limit: int = Query(20, ge=1, le=100, description="Groups per page."),
+                       scan: int = Query(1000, ge=1, le=10_000, description="Messages read at most for this page.")
+                       ) -> dict[str, Any]:
+        from controller.rollouts import RolloutQuery, read_page
+
+        def model_cfg() -> dict:
+            with ctl.Session() as s:
+                return dict(store.get_run(s, run).config.get("model") or {})
+
+        mcfg = await run_in_threadpool(model_cfg)
+        if min_reward is not None and max_reward is not None and min_reward > max_reward:
+            raise ApiError(422, f"min_reward {min_reward} is above max_reward {max_reward}: swap them")
+        if not ctl.ready:
+            raise ApiError(503, f"the controller is not connected to NATS yet ({ctl.nats_state}); retry shortly")
+        q = RolloutQuery(version=version, prompt=prompt, min_reward=min_reward, max_reward=max_reward, before=before,
+                         limit=limit, scan=scan)
+        return await read_page(ctl.js, run, q, mcfg, ctl.tokenizers, run_in_threadpool)
+
     @v1.get("/runs/{run}/events", summary="Events seen on the bus (after id, oldest first)", dependencies=read,
             operation_id="runEvents")
     def events(run: str = _run_path(), kind: str | None = Query(None, max_length=64),
@@ -320,6 +359,15 @@ def make_app(ctl) -> FastAPI:
 
     app.include_router(v1)
     _document_run_config(app)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics():
+        """Prometheus text format (controller/metrics.py); needs the token like /v1 (bearer_token_file in a
+        scrape config). The ledger figures are read from the database, off the event loop."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        body = await run_in_threadpool(generate_latest, ctl.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", include_in_schema=False)
     def dashboard():

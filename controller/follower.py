@@ -171,10 +171,10 @@ class RunFollower:
         js, nc = self.ctl.js, self.ctl.nc
         ev = ConsumerLoop(js, nc, run=self.run_id, stream=subjects.EVENTS_STREAM, subject=subjects.events_all(self.run_id),
                           durable=subjects.controller_events_consumer(self.run_id), handler=self._on_event,
-                          expect=Event, batch=64, max_in_flight=4)
+                          expect=Event, batch=64, max_in_flight=4, source="controller-events")
         dlq = ConsumerLoop(js, nc, run=self.run_id, stream=subjects.DLQ_STREAM, subject=subjects.dlq_all(self.run_id),
                            durable=subjects.controller_dlq_consumer(self.run_id), handler=self._on_dead_letter,
-                           expect=DeadLetter, batch=64, max_in_flight=4)
+                           expect=DeadLetter, batch=64, max_in_flight=4, source="controller-dlq")
         self.loops = [ev, dlq]
         self._tasks = [asyncio.create_task(lp.run()) for lp in self.loops]
         self._tasks.append(asyncio.create_task(self._watch_weights()))

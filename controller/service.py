@@ -19,7 +19,9 @@ from sqlalchemy import select
 from controller.datasets import DatasetReader
 from controller.db import Dataset, Run, open_database
 from controller.follower import RunFollower
+from controller.metrics import ControllerMetrics
 from controller.release import RunReleaser
+from controller.rollouts import Tokenizers
 from shared import bus
 from shared.config import JetrlConfig
 
@@ -31,6 +33,8 @@ class Controller:
         self.cfg = cfg
         self.ccfg = cfg.controller
         self.engine, self.Session = open_database(self.ccfg.db_url)
+        self.metrics = ControllerMetrics(self.Session)
+        self.tokenizers = Tokenizers()  # the rollout viewer's, one per run config
         self.data_dir = Path(self.ccfg.data_dir)
         (self.data_dir / "datasets").mkdir(parents=True, exist_ok=True)
         (self.data_dir / "uploads").mkdir(parents=True, exist_ok=True)

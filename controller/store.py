@@ -257,6 +257,18 @@ def staleness_hist(s: Session, run_id: str, last: int = 0) -> dict[str, int]:
     return {str(k): hist[k] for k in sorted(hist)}
 
 
+def stage_timings(s: Session, run_id: str, last: int = 0) -> dict:
+    """Per-version stage timings of the last `last` step events (0 = all): controller/timings.py."""
+    from controller.timings import stage_table
+
+    q = select(EventRow.data).where(EventRow.run_id == run_id, EventRow.kind == "step").order_by(EventRow.id.desc())
+    steps = list(s.scalars(q.limit(last) if last else q))[::-1]
+    versions = [d.get("version") for d in steps if isinstance(d, dict)]
+    w = select(EventRow.data).where(EventRow.run_id == run_id, EventRow.kind == "weights")
+    weights = [d for d in s.scalars(w) if isinstance(d, dict) and (not last or d.get("version") in versions)]
+    return stage_table([d for d in steps if isinstance(d, dict)], weights)
+
+
 def events(s: Session, run_id: str, kind: str | None, service: str | None, after: int, limit: int) -> list[dict]:
     q = select(EventRow).where(EventRow.run_id == run_id, EventRow.id > after)
     if kind:

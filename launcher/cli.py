@@ -20,6 +20,7 @@ SERVICE_CLIS = [
     "rollout_service.cli",  # jetrl rollout
     "trainer_service.cli",  # jetrl trainer
     "controller.cli",  # jetrl controller, enqueue, status
+    "tracker.cli",  # jetrl track
     "launcher.launch_cli",  # jetrl up, demo, eval
 ]
 

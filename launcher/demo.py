@@ -27,7 +27,8 @@ from pathlib import Path
 import yaml
 
 from launcher.demo_task import write_dataset
-from launcher.up import Launcher, UpOptions, child_config
+from launcher.metrics_ports import MetricsPortError
+from launcher.up import Launcher, UpOptions, child_config, endpoints_text
 from shared.config import JetrlConfig, load_config
 
 log = logging.getLogger("jetrl.demo")
@@ -169,9 +170,13 @@ async def run_demo(opts: DemoOptions, console) -> tuple[int, dict | None]:
     train, heldout = write_dataset(state / "data", train=n_train, heldout=opts.heldout, seed=opts.seed,
                                    task=opts.task)
     cfg = build_config(opts, run, state)
-    launcher = Launcher(cfg, UpOptions(run_dir=state, workers=opts.workers, echo_logs=False,
-                                       eval_dataset=str(heldout), eval_every=opts.eval_every),
-                        console=console)
+    try:
+        launcher = Launcher(cfg, UpOptions(run_dir=state, workers=opts.workers, echo_logs=False,
+                                           eval_dataset=str(heldout), eval_every=opts.eval_every),
+                            console=console)
+    except MetricsPortError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
     if opts.engine == "vllm":  # one vllm server per rollout worker is enough; the eval process uses torch
         for s in launcher.specs:
             if s.name == "eval":
@@ -187,6 +192,7 @@ async def run_demo(opts: DemoOptions, console) -> tuple[int, dict | None]:
     code, snap, summary = 0, {}, None
     try:
         await launcher.start()
+        console.print(endpoints_text(launcher), markup=False)
         await launcher.enqueue(train, epochs=1, shuffle_seed=opts.seed)
         start_wall = time.time()  # the training clock of the held-out-vs-time curve starts here
         deadline = t0 + opts.minutes * 60
@@ -224,6 +230,7 @@ async def run_demo(opts: DemoOptions, console) -> tuple[int, dict | None]:
         summary = summarise_run(opts, launcher, ledger, train_s, final, start_wall)
         paths = write_outputs(out, summary, launcher.steps, launcher.evals)
         console.print(summary_table(summary))
+        await launcher.print_time_table()
         console.print(f"summary: {out / 'summary.json'}; plots: {', '.join(p.name for p in paths) or 'none'}")
     except RuntimeError as exc:
         console.print(f"[red]demo failed:[/] {exc}")

@@ -1,7 +1,8 @@
 """`jetrl up -c CONFIG`: every service of a run as supervised child processes on this host.
 
     nats (embedded, unless nats.embedded is false) -> controller -> weights -> reward x R
-        -> rollout x N -> trainer (nproc via trainer.nproc) -> eval (when eval.dataset + eval.eval_every)
+        -> rollout x N -> trainer (nproc via trainer.nproc) -> track (when tracking.enabled)
+        -> eval (when eval.dataset + eval.eval_every)
 
 The run dir gets `config.yaml`, the *resolved* config every child reads: free ports for NATS, the
 controller and the weight store, and the state paths the config leaves at their defaults (database,
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.metrics_ports import MetricsPortError, assign_metrics_ports, local_host
 from launcher.supervisor import ProcessSpec, Supervisor
 from shared.config import JetrlConfig, dump_config
 from shared.credentials import write_private
@@ -72,10 +74,6 @@ def _port(section, name: str) -> int:
     return free_port()
 
 
-def _local_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-
-
 def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
     """The config every child reads: concrete ports and URLs, state paths inside `run_dir`, and NATS as a
     server to connect to (the launcher runs the embedded one itself)."""
@@ -89,18 +87,20 @@ def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
     c = out.controller
     c.port = _port(c, "port")
     if not _explicit(c, "url"):
-        c.url = f"http://{_local_host(c.host)}:{c.port}"
+        c.url = f"http://{local_host(c.host)}:{c.port}"
     if not _explicit(c, "db_url"):
         c.db_url = f"sqlite:///{run_dir / 'controller.db'}"
     _inside(run_dir, c, "data_dir", "data")
     w = out.weights
     w.port = _port(w, "port")
     if not _explicit(w, "url"):
-        w.url = f"http://{_local_host(w.host)}:{w.port}"
+        w.url = f"http://{local_host(w.host)}:{w.port}"
     _inside(run_dir, w, "root", "weights")
     t = out.trainer
     _inside(run_dir, t, "checkpoint_dir", "checkpoints")
     _inside(run_dir, t, "publish_dir", "published")
+    if out.tracking.enabled:
+        _inside(run_dir, out.tracking, "dir", "tracking")
     ev = getattr(out, "eval", None)
     if ev is not None and ev.dataset:
         ev.dataset = str(Path(ev.dataset).resolve())
@@ -207,6 +207,8 @@ def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[Proc
         specs.append(ProcessSpec(name, CHILD + ["rollout", "-c", f, "--worker", f"{resolved.run}-{name}"],
                                  env=dict(threads)))
     specs.append(ProcessSpec("trainer", CHILD + ["trainer", "-c", f, "--resume"], env=dict(threads)))
+    if resolved.tracking.enabled:  # one more bus subscriber; the trainer and workers know nothing of it
+        specs.append(ProcessSpec("track", CHILD + ["track", "-c", f]))
     if want_eval:
         specs.append(ProcessSpec("eval", CHILD + ["eval", "-c", f, "--follow", "--dataset",
                                                   str(Path(eval_dataset).resolve()), "--every", str(eval_every)],
@@ -230,10 +232,13 @@ def dry_run_text(cfg: JetrlConfig, opts: UpOptions) -> str:
 
     resolved, path = write_resolved(cfg, opts)
     specs = plan(resolved, path, opts)
+    ports = assign_metrics_ports(specs, resolved.telemetry)
     lines = [f"# resolved config (read by every process): {path}", path.read_text().rstrip(), "", "# processes"]
     for s in specs:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items())
         lines.append(f"{s.name}: {env + ' ' if env else ''}{shlex.join(s.argv)}")
+    lines += ["", "# metrics ports (telemetry.metrics_base_port + offset)"]
+    lines += [f"{name}: {port}" for name, port in ports.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -270,6 +275,7 @@ class Launcher:
         self.cfg, self.opts, self.console = cfg, opts, console
         self.resolved, self.config_file = write_resolved(cfg, opts)
         self.specs = plan(self.resolved, self.config_file, opts)
+        self.metrics_ports = assign_metrics_ports(self.specs, self.resolved.telemetry)
         self.sup: Supervisor | None = None
         self.http = None
         self.steps: list[dict] = []  # trainer "step" event data (+ "time"), oldest first
@@ -303,6 +309,18 @@ class Launcher:
         for s in self.specs:
             if s.name not in ("nats", "controller", "weights"):
                 await self.sup.add(s)
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        """(what, URL) of everything a user may open or scrape: dashboard, REST, metrics, NATS."""
+        r = self.resolved
+        c, w = r.controller, r.weights
+        host = local_host(r.telemetry.metrics_host)
+        token = f"/#token=<the token in {c.token_file}>" if c.token_file else "/"
+        out = [("dashboard", c.url + token), ("controller API", f"{c.url}/docs"),
+               ("controller metrics", f"{c.url}/metrics"), ("weights metrics", f"{w.url}/metrics")]
+        out += [(f"{name} metrics", f"http://{host}:{port}/metrics") for name, port in self.metrics_ports.items()]
+        out += [("nats", s) for s in r.nats.servers]
+        return out
 
     @staticmethod
     def _auth(token: str) -> dict[str, str]:
@@ -392,6 +410,22 @@ class Launcher:
         snap["steps"], snap["evals"] = self.steps, self.evals
         return snap
 
+    async def timings(self) -> dict:
+        """Per-version stage timings (controller/timings.py) of the whole run."""
+        return await self._check(await self.http.get(f"/v1/runs/{self.run}/timings"))
+
+    async def print_time_table(self) -> None:
+        """The "where did the time go" table (launcher/time_report.py); a controller gone says so instead."""
+        from rich.console import Console
+
+        from launcher.time_report import time_table
+
+        console = self.console or Console()
+        try:
+            console.print(time_table(await self.timings()))
+        except Exception as exc:
+            console.print(f"(no stage timings: {type(exc).__name__}: {exc})", markup=False)
+
     def trainer_done(self, snap: dict) -> bool:
         """The trainer finished schedule.total_steps: it exited with 0 by itself (a clean exit is never
         restarted). Not the version: after a resume from an older checkpoint versions run ahead of steps."""
@@ -421,6 +455,13 @@ class Launcher:
             await self.http.aclose()
 
 
+def endpoints_text(launcher: Launcher) -> str:
+    rows = launcher.endpoints()
+    width = max(len(name) for name, _ in rows)
+    warn = "" if launcher.resolved.controller.token_file else "\n  (NO controller token: controller.insecure_no_auth)"
+    return "endpoints:\n" + "\n".join(f"  {name:<{width}}  {url}" for name, url in rows) + warn
+
+
 async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None, epochs: int = 1,
                   shuffle_seed: int | None = None, keep_running: bool = False, panel: bool = True) -> int:
     """`jetrl up`: start everything, optionally enqueue a dataset, show the panel until Ctrl-C or the
@@ -438,7 +479,11 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
     if problems:
         console.print("[red]error:[/] this config cannot run on this host:\n  " + "\n  ".join(problems))
         return 2
-    launcher = Launcher(cfg, opts, console=console)
+    try:
+        launcher = Launcher(cfg, opts, console=console)
+    except MetricsPortError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -459,10 +504,7 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
         if dataset:
             e = await launcher.enqueue(dataset, epochs=epochs, shuffle_seed=shuffle_seed)
             console.print(f"enqueued {e['total']} prompts of {dataset} into {launcher.run}")
-        c = launcher.resolved.controller
-        how = (f"token in {c.token_file}; dashboard: {c.url}/#token=<that token>" if c.token_file
-               else "NO token (controller.insecure_no_auth)")
-        console.print(f"controller {c.url} ({how}); Ctrl-C to stop")
+        console.print(endpoints_text(launcher) + "\nCtrl-C to stop", markup=False)
         live = Live(console=console, refresh_per_second=2, transient=False) if panel else contextlib.nullcontext()
         with live:
             while not stop.is_set():
@@ -480,6 +522,8 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
         console.print(f"[red]error:[/] {exc}")
         code = 1
     finally:
+        if launcher.steps:
+            await launcher.print_time_table()
         console.print("stopping services ...")
         await launcher.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):

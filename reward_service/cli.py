@@ -88,15 +88,32 @@ def score_cmd(
 def check_cmd(
     config: str = CONFIG_OPTION,
     task: str = TASK_OPTION,
+    server: list[str] = typer.Option([], "--server", "-s",
+                                     help="NATS server URL to check against (repeatable; replaces nats.servers of the "
+                                          "config; credentials still come from the config or JETRL_NATS_* env)."),
+    cases_file: str = typer.Option("", "--cases", help="Known cases of a custom task, JSON lines: "
+                                   '{"completions": [...], "reference": ..., "rewards": [...], "payload": {...}}.'),
+    max_completions: int = typer.Option(4096, "--max-completions", min=1,
+                                        help="The service's reward.max_completions: one more must be refused."),
     requests: int = typer.Option(200, "--requests", help="Valid requests timed for the latency percentiles."),
     timeout: float = typer.Option(10.0, help="Seconds to wait for each reply."),
     overrides: list[str] = OVERRIDES_ARG,
 ) -> None:
-    """Send the conformance suite to whatever answers jetrl.reward.<task>; exit 1 if a case fails."""
-    from reward_service.check import check_main
+    """Check whatever answers jetrl.reward.<task> against the protocol (discovery, queue group, valid and broken
+    requests, completion_ids, timeout_s, max_completions, known answers); exit 1 if a case fails."""
+    from reward_service.check import check_main, load_cases
 
     cfg = _config(config, overrides, task)
-    ok = run_async(check_main(cfg, cfg.reward.task, requests, timeout))
+    if server:
+        cfg.nats.servers = list(server)
+    known = None
+    if cases_file:
+        try:
+            known = load_cases(cases_file)
+        except (OSError, ValueError) as exc:
+            typer.secho(f"--cases: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from None
+    ok = run_async(check_main(cfg, cfg.reward.task, requests, timeout, known, max_completions))
     raise typer.Exit(0 if ok else 1)
 
 

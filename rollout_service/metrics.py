@@ -25,3 +25,6 @@ class RolloutMetrics:
                                     registry=r)
         self.task_seconds = Histogram("jetrl_rollout_task_seconds", "Time from prompt received to group published.",
                                       registry=r, buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+        self.stage_seconds = Histogram(
+            "jetrl_rollout_stage_seconds", "Seconds per sample in generate, reward, tools; per version in fetch, swap.",
+            ["stage"], registry=r, buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))

@@ -100,7 +100,7 @@ class RolloutWorker:
 
             self.follower = WeightFollower(self.engine, cfg.run, watch, fetch, latest,
                                            served_base=lambda: base_fingerprint(cfg.model),
-                                           on_refused=self._weights_refused)
+                                           on_refused=self._weights_refused, on_swap=self._swapped)
             await self.follower.prime()
         self.ctx = WorkflowContext(engine=self.engine, tokenizer=self.tokenizer, reward=self.reward,
                                    tools=self.tools, cfg=cfg)
@@ -113,7 +113,7 @@ class RolloutWorker:
         svc = cfg.rollout.service
         self.loop = bus.ConsumerLoop(
             self.js, self.nc, run=cfg.run, stream=subjects.PROMPTS_STREAM, subject=subjects.prompts(cfg.run),
-            durable=subjects.rollout_consumer(cfg.run), handler=self._handle, expect=PromptTask,
+            durable=subjects.rollout_consumer(cfg.run), handler=self._handle, expect=PromptTask, source="rollout",
             batch=min(svc.fetch_batch, cfg.rollout.max_in_flight), max_in_flight=cfg.rollout.max_in_flight,
             ack_wait_s=svc.ack_wait_s, max_deliver=svc.max_deliver, can_fetch=self.can_fetch,
         )
@@ -254,6 +254,11 @@ class RolloutWorker:
             )
             await bus.publish(self.js, self.nc, subjects.trajectories(task.run), group, msg_id=task.group_id,
                               timeout=self.cfg.rollout.service.publish_timeout_s)
+            for s in samples:
+                for stage in ("generate", "reward", "tools"):
+                    v = s.timings.get(stage)
+                    if isinstance(v, (int, float)):
+                        self.metrics.stage_seconds.labels(stage).observe(v)
         except EngineDead as exc:
             if self.fatal is None:
                 log.error("engine dead, stopping this worker (its tasks go back to the stream): %s", exc)
@@ -286,6 +291,14 @@ class RolloutWorker:
         while True:
             await asyncio.sleep(1.0)
             await self._flush_published()
+
+    async def _swapped(self, version: int, fetch_s: float, swap_s: float) -> None:
+        """A weight version is in the engine: a "weights" event and the fetch / swap histograms."""
+        self.metrics.stage_seconds.labels("fetch").observe(fetch_s)
+        self.metrics.stage_seconds.labels("swap").observe(swap_s)
+        if self.events is not None:
+            await self.events.emit("weights", {"version": version, "fetch_s": fetch_s, "swap_s": swap_s,
+                                               "worker": self.instance})
 
     def snapshot(self) -> dict[str, Any]:
         """The 'metrics' event: tokens_per_s, in_flight, version, version_lag, tool_calls, errors."""

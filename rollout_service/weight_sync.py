@@ -31,15 +31,17 @@ WatchFn = Callable[[], AsyncIterator[WeightVersion]]
 FetchFn = Callable[[str, int], Awaitable[Path]]
 LatestFn = Callable[[], Awaitable[WeightVersion | None]]
 RefusedFn = Callable[[int, str], Awaitable[None]]
+SwapFn = Callable[[int, float, float], Awaitable[None]]  # (version, fetch seconds, swap seconds)
 
 
 class WeightFollower:
     def __init__(self, engine: Engine, run: str, watch: WatchFn, fetch: FetchFn, latest: LatestFn | None = None,
                  retry_s: float = 1.0, served_base: Callable[[], BaseModel] | None = None,
-                 on_refused: RefusedFn | None = None):
+                 on_refused: RefusedFn | None = None, on_swap: SwapFn | None = None):
         self.engine, self.run_id, self._watch, self._fetch, self._latest = engine, run, watch, fetch, latest
         self._served_base, self._on_refused = served_base, on_refused
         self.refused: dict[int, str] = {}  # version -> why it was refused (a wrong-base adapter)
+        self.on_swap = on_swap  # told the fetch and swap seconds of every version swapped in
         self.latest = -1  # newest announced version seen (-1: none yet)
         self.swaps = 0
         self.fetch_errors = 0
@@ -109,18 +111,22 @@ class WeightFollower:
             while self.latest > self.engine.version and self.latest not in self.refused:
                 target = self.latest
                 try:
-                    t0 = time.monotonic()
+                    t0 = time.perf_counter()
                     path = await self._fetch(self.run_id, target)
-                    t1 = time.monotonic()
+                    t1 = time.perf_counter()
                     if not await self._check(target, Path(path)):
                         break
                     await self.engine.update_weights(target, path=str(path))
+                    t2 = time.perf_counter()
                     self.fetch_s += t1 - t0
-                    self.swap_s += time.monotonic() - t1
+                    self.swap_s += t2 - t1
                     self.swaps += 1
                     self._swapped.set()
                     self._swapped = asyncio.Event()
-                    log.info("run %s: engine now on version %d", self.run_id, target)
+                    log.info("run %s: engine now on version %d (fetch %.3fs, swap %.3fs)", self.run_id, target,
+                             t1 - t0, t2 - t1)
+                    if self.on_swap is not None:
+                        await self.on_swap(target, t1 - t0, t2 - t1)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:

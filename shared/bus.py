@@ -350,7 +350,9 @@ class ConsumerLoop:
         self.js, self.nc = js, nc
         self.run_id, self.stream, self.subject, self.durable = run, stream, subject, durable
         self.handler, self.expect = handler, expect
-        self.source = source or durable
+        # The dead-letter subject's last token (subjects.dlq): checked now, not when the first poison message
+        # arrives (a durable name with a long run id in it can exceed the 64-character token limit).
+        self.source = subjects.check_token(source or durable, "dead-letter source")
         self.batch, self.max_in_flight = batch, max_in_flight
         self.ack_wait_s, self.max_deliver, self.nak_backoff_s = ack_wait_s, max_deliver, nak_backoff_s
         self.fetch_timeout_s = fetch_timeout_s

@@ -193,6 +193,14 @@ class WeightVersion:
 # --- events and dead letters ----------------------------------------------------------------------
 
 
+# Stage names of the trainer's "step" event (`timings`, `rollout_timings`) and the rollout "weights" event
+# (docs/protocol.md, "Stage timings"): the trainer, controller and tracker read them by these names.
+TRAINER_STAGES = ("wait", "prepare", "forward", "backward", "optimizer", "train_other", "publish", "events",
+                  "checkpoint")
+ROLLOUT_STAGES = ("generate", "reward", "tools", "queue_wait")
+WEIGHT_STAGES = ("fetch", "swap")
+
+
 @register_message
 @dataclass
 class Event:

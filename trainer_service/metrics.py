@@ -21,3 +21,8 @@ CLIP_FRAC = Gauge("jetrl_trainer_clip_frac", "Fraction of loss tokens where the 
 BEHAV_WEIGHT = Gauge("jetrl_trainer_behav_weight_mean", "Mean decoupled importance weight pi_prox/pi_behav.")
 CAPPED_FRAC = Gauge("jetrl_trainer_capped_frac", "Fraction of loss tokens above behav_imp_weight_cap.")
 ADV_ABS = Gauge("jetrl_trainer_adv_abs_mean", "Mean |advantage| over loss tokens.")
+STAGE_SECONDS = Histogram("jetrl_trainer_stage_seconds", "Seconds per step in each stage (trainer_service/timings.py).",
+                          ["stage"], buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+QUEUE_WAIT = Histogram("jetrl_trainer_queue_wait_seconds",
+                       "Mean time a step's groups waited in the TRAJECTORIES stream (created_at -> batch).",
+                       buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800))

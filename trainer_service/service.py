@@ -22,7 +22,7 @@ from typing import Any
 from shared import bus
 from shared.config import JetrlConfig
 from shared.telemetry import start_metrics
-from trainer_service import checkpoint, metrics
+from trainer_service import checkpoint, metrics, timings
 from trainer_service.algorithms.advantages import group_advantages
 from trainer_service.intake import Batch, Intake, IntakeState
 from trainer_service.packing import TrainItem
@@ -192,24 +192,37 @@ class Trainer:
             await self.events.emit("health", {"status": "ok", "instance": self.instance, "version": self.version})
             await asyncio.sleep(self.cfg.telemetry.events_interval_s)
 
-    async def _train(self, batch: Batch) -> None:
+    async def _train(self, batch: Batch, t_batch: float) -> None:
+        """One step of `batch`, which formed at perf_counter `t_batch` (timings.py names the stages)."""
+        rollout = timings.rollout_stages(batch.groups, time.time())
+        t0 = time.perf_counter()
         items = batch_items(batch, self.cfg)
+        t1 = time.perf_counter()
         stats = await self.run_cmd({"kind": "step", "items": items})
         self.step += 1
         metrics.STEPS.inc()
-        publish_s = 0.0
+        t2 = time.perf_counter()
         if self.step % self.cfg.trainer.publish_every == 0:
             self.version += 1
-            t0 = time.perf_counter()
             await self._publish()
-            publish_s = time.perf_counter() - t0
+        t3 = time.perf_counter()
+        carried, self._carry = self._carry, {}
+        stages = timings.step_stages(
+            t2 - t1, stats.pop("timings", {}),
+            {"wait": t_batch - self._t_mark - sum(carried.values()), "prepare": t1 - t0, "publish": t3 - t2},
+            carried)
+        wall = t3 - self._t_mark
+        self._t_mark = t3
         rewards = [it.reward for it in items]
         reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
         trained = [g.group_id for g in batch.groups]
         data = {"version": self.version, "step": self.step, "loss": stats["loss"], "reward_mean": reward_mean,
                 "samples": len(items), "groups": len(trained), "dropped_stale_samples": batch.dropped_stale_samples,
-                "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, "publish_s": publish_s,
-                **stats}
+                "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, **stats,
+                "wall_s": wall, "timings": stages, "rollout_timings": rollout}
+        for k, v in stages.items():
+            metrics.STAGE_SECONDS.labels(k).observe(v)
+        metrics.QUEUE_WAIT.observe(rollout["queue_wait"])
         await self.events.emit("step", data)
         # Acked (retried through a NATS outage): the controller's ledger learns the outcomes only from
         # this event, and the checkpoint below must not move past outcomes nobody heard of.
@@ -236,8 +249,11 @@ class Trainer:
         log.info("step %d version %d loss %.4f reward %.3f samples %d dropped_stale %d tokens/s %.0f", self.step,
                  self.version, stats["loss"], reward_mean, len(items), batch.dropped_stale_samples,
                  stats["tokens_per_s"])
+        t4 = time.perf_counter()
         if self.step % self.cfg.trainer.checkpoint_every == 0:
             await self._checkpoint()
+        t5 = time.perf_counter()
+        self._carry = {"events": t4 - t3, "checkpoint": t5 - t4}  # charged to the next step
 
     async def _report_outcomes(self) -> None:
         """Report groups dropped or filtered while no batch formed (the controller's ledger waits on them)."""
@@ -276,6 +292,7 @@ class Trainer:
             await self.intake.start()
             await self.events.emit("started", {"version": self.version, "step": self.step, "instance": self.instance})
             health = asyncio.create_task(self._health())
+            self._t_mark, self._carry = time.perf_counter(), {}
             while not self._done():
                 stop_wait = asyncio.create_task(self._stop.wait())
                 get = asyncio.create_task(self.intake.next_batch(self.version, timeout_s=NOOP_AFTER_S))
@@ -289,7 +306,7 @@ class Trainer:
                     await self.run_cmd({"kind": "noop"})
                     await self._report_outcomes()
                     continue
-                await self._train(batch)
+                await self._train(batch, time.perf_counter())
             if self.step > 0 and self.step != self.last_checkpoint_step:
                 await self._checkpoint()
         finally:

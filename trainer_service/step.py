@@ -90,6 +90,24 @@ def split_minibatches(n_items: int, k: int) -> list[range]:
     return out
 
 
+class StageClock:
+    """Seconds spent per stage (forward, backward, optimizer) of one step. On a GPU the device is
+    synchronised at each boundary, so queued kernels are charged to the stage that launched them."""
+
+    def __init__(self, device):
+        self.sync = torch.cuda.synchronize if getattr(device, "type", "") == "cuda" else (lambda: None)
+        self.seconds: dict[str, float] = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        self._stage, self._t = None, 0.0
+
+    def __call__(self, stage: str | None) -> None:
+        """Start `stage` (None: stop), charging the time since the last call to the running one."""
+        self.sync()
+        now = time.perf_counter()
+        if self._stage is not None:
+            self.seconds[self._stage] += now - self._t
+        self._stage, self._t = stage, now
+
+
 def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int = 64) -> dict:
     """Update the policy on the whole batch `items` (identical on every rank): `ppo_minibatches` optimizer
     steps, one per minibatch. Returns stats (summed over ranks, then normalised) for events and metrics.
@@ -98,8 +116,12 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
     minibatch they equal the training forward's own logprobs, so they are taken from it (detached) and
     no proximal pass runs; with k > 1 one no-grad pass over the whole batch computes them first, and
     the clipped ratio pi_theta/pi_prox moves away from 1 from the second minibatch on.
+
+    `timings`: rank 0's seconds in forward (proximal, reference and training forwards), backward and
+    optimizer; the rest of `step_time_s` is packing, transfers and collectives (trainer_service/timings.py).
     """
     t0 = time.perf_counter()
+    clock = StageClock(backend.device)
     a = cfg.algorithm
     parts = [[items[i] for i in r] for r in split_minibatches(len(items), a.ppo_minibatches)]
     minis = []
@@ -109,19 +131,18 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
                       micro_batches_for_rank(part, cfg.micro_batch_tokens, backend.rank, backend.world_size,
                                              backend.all_reduce_max, getattr(backend, "shared_prompts", False))])
     prox: list[list[torch.Tensor]] | None = None
-    clock = {"prox_s": 0.0, "forward_s": 0.0, "backward_s": 0.0, "optim_s": 0.0}
-    t = time.perf_counter()
     # `reinforce` (no correction) never reads pi_prox: no proximal pass for it.
     if a.decoupled and len(minis) > 1 and a.objective != "reinforce":
+        clock("forward")
         with torch.no_grad():
             prox = [[backend.forward(m, which="policy", entropy=False)[0].detach() for m in micro] for micro in minis]
-    clock["prox_s"] = time.perf_counter() - t
+        clock(None)
     sums = torch.zeros(len(minis), len(STAT_KEYS), dtype=torch.float64)
     norms = []
     for j, micro in enumerate(minis):
         backend.zero_grad()
         for i, m in enumerate(micro):
-            t = time.perf_counter()
+            clock("forward")
             logp, entropy = backend.forward(m, which="policy", grad=True)
             if prox is not None:
                 prox_logp = prox[j][i]
@@ -141,11 +162,10 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
             tok = tok + a.kl_coef * kl - a.entropy_coef * entropy
             w = m.mask * m.coef
             loss = (tok * w).sum()
-            clock["forward_s"] += time.perf_counter() - t
-            t = time.perf_counter()
             # Backends average gradients over ranks; the loss is a sum over the whole batch, so scale back.
+            clock("backward")
             backend.backward(loss * backend.world_size)
-            clock["backward_s"] += time.perf_counter() - t
+            clock(None)
             with torch.no_grad():
                 mk = m.mask
                 sums[j] += torch.tensor([
@@ -154,9 +174,9 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
                     float((terms.behav_weight * mk).sum()), float((terms.ratio * mk).sum()), float(mk.sum()),
                     float(m.num_tokens if m.coef.abs().sum() > 0 else 0), float((m.advantages.abs() * mk).sum()),
                 ], dtype=torch.float64)
-        t = time.perf_counter()
+        clock("optimizer")
         norms.append(backend.clip_and_step(cfg.optim.grad_clip))
-        clock["optim_s"] += time.perf_counter() - t
+        clock(None)
     per = backend.all_reduce_sum(sums)
     s = dict(zip(STAT_KEYS, per.sum(0).tolist(), strict=True))
     n = max(s["loss_tokens"], 1.0)
@@ -172,6 +192,5 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
         "lr": backend.current_lr(), "micro_batches": sum(len(mb) for mb in minis), "ppo_minibatches": k,
         "minibatch_loss": [float(r[loss_col]) for r in per],
         "minibatch_clip_frac": [float(r[clip_col]) / max(float(r[tok_col]), 1.0) for r in per],
-        "step_time_s": dt, "tokens_per_s": s["tokens"] / dt if dt > 0 else 0.0,
-        **clock,  # this rank's seconds in the proximal pass, training forwards, backwards, optimizer steps
+        "step_time_s": dt, "tokens_per_s": s["tokens"] / dt if dt > 0 else 0.0, "timings": clock.seconds,
     }

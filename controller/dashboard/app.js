@@ -2,7 +2,7 @@
 "use strict";
 
 const POLL_MS = 2000;
-const COLORS = ["#1a73e8", "#e8711a", "#1f8a4c", "#b3261e", "#7b1fa2", "#00838f"];
+const COLORS = ["#1a73e8", "#e8711a", "#1f8a4c", "#b3261e", "#7b1fa2", "#00838f", "#6d4c41", "#c2185b", "#827717"];
 const state = { run: new URLSearchParams(location.search).get("run"), charts: {}, queueHistory: [] };
 
 // The controller's token comes in the URL fragment (/#token=...), which browsers never send to a server
@@ -44,7 +44,7 @@ function chart(id, xs, series, opts = {}) {
   const points = xs.length;
   box.dataset.points = String(points);
   box.dataset.series = series.map((s) => s.label).join(",");
-  const key = id + "|" + box.dataset.series + "|" + (opts.bars ? "b" : "l");
+  const key = id + "|" + box.dataset.series + "|" + (opts.bars ? "b" : opts.stacked ? "s" : "l");
   const data = [xs, ...series.map((s) => s.values)];
   const old = state.charts[id];
   if (old && old.key === key) {
@@ -68,7 +68,7 @@ function chart(id, xs, series, opts = {}) {
     axes: [opts.bars ? { label: opts.xlabel || "", incrs: [1, 2, 5, 10, 20, 50] } : { label: opts.xlabel || "" }, {}],
     series: [{ label: opts.xlabel || "x" }, ...series.map((s, i) => ({
       label: s.label, stroke: COLORS[i % COLORS.length], width: 2,
-      fill: opts.bars ? COLORS[i % COLORS.length] + "88" : undefined,
+      fill: opts.bars || opts.stacked ? COLORS[i % COLORS.length] + (opts.stacked ? "cc" : "88") : undefined,
       paths: opts.bars ? uPlot.paths.bars({ size: [0.6, 60] }) : undefined,
       points: { show: points < 60 },
     }))],
@@ -146,6 +146,29 @@ function renderStaleness(hist) {
         { bars: true, xlabel: "staleness (versions)", empty: "no trained samples yet" });
 }
 
+// Stacked: each series is the running sum of the stages up to it, drawn biggest first so each band shows.
+function renderTimings(t) {
+  const stages = Object.keys(t.trainer || {}).filter((k) => t.trainer[k].some((v) => v > 0));
+  const box = document.getElementById("chart-timings");
+  box.dataset.stages = stages.join(",");
+  box.dataset.totals = JSON.stringify(t.totals ? t.totals.trainer : {});
+  let run = t.versions.map(() => 0);
+  const cum = stages.map((k) => {
+    run = run.map((acc, i) => acc + (t.trainer[k][i] || 0));
+    return { label: k, values: run.slice() };
+  });
+  chart("chart-timings", t.versions, cum.reverse(), { xlabel: "version", stacked: true, empty: "no trainer steps yet" });
+  const kv = document.getElementById("timings-rollout");
+  kv.textContent = "";
+  const tot = t.totals || {};
+  for (const [side, vals] of [["rollout", tot.rollout || {}], ["weights", tot.weights || {}]]) {
+    for (const [k, v] of Object.entries(vals)) {
+      kv.appendChild(el("span", {}, side + " " + k + " (mean s)"));
+      kv.appendChild(el("span", { "data-stage": side + "." + k }, v == null ? "-" : v.toFixed(3)));
+    }
+  }
+}
+
 function renderQueues(q) {
   const box = document.getElementById("queues");
   box.textContent = "";
@@ -166,6 +189,66 @@ function renderQueues(q) {
   ], { time: true, xlabel: "time" });
 }
 
+// Rollout viewer: GET /v1/runs/{run}/rollouts pages the TRAJECTORIES stream newest first (cursor = before).
+const viewer = { run: null, before: null };
+
+function viewerParams(before) {
+  const p = new URLSearchParams({ limit: "10" });
+  for (const [id, key] of [["viewer-version", "version"], ["viewer-prompt", "prompt"], ["viewer-min", "min_reward"],
+                           ["viewer-max", "max_reward"]]) {
+    const v = document.getElementById(id).value.trim();
+    if (v !== "") p.set(key, v);
+  }
+  if (before) p.set("before", String(before));
+  return p;
+}
+
+function renderGroup(g) {
+  const box = el("div", { class: "group", "data-group": g.group_id, "data-seq": String(g.seq) });
+  box.appendChild(el("div", { class: "group-head" },
+    `${g.group_id} · version ${g.version} · worker ${g.worker || "-"} · stream seq ${g.seq}`));
+  for (const s of g.samples) {
+    const line = el("div", { class: "sample", "data-reward": String(s.reward) });
+    line.appendChild(el("span", { class: "reward" }, s.reward.toFixed(2)));
+    line.appendChild(el("span", { class: "seg-prompt" }, s.prompt == null ? `[${s.prompt_len} prompt tokens]` : s.prompt));
+    for (const seg of s.segments) {
+      const text = seg.text != null ? seg.text : "[" + (seg.ids || []).join(" ") + "]";
+      const attrs = { class: "seg-" + seg.kind, "data-kind": seg.kind, "data-version": String(seg.version) };
+      if (seg.kind === "policy") attrs.title = "sampled by version " + seg.version;
+      else attrs.title = "environment / tool tokens (loss mask 0)";
+      line.appendChild(el("span", attrs, text));
+    }
+    line.appendChild(el("span", { class: "group-head" }, "  (" + s.finish_reason + ")"));
+    box.appendChild(line);
+  }
+  return box;
+}
+
+async function loadRollouts(more) {
+  if (!state.run) return;
+  const box = document.getElementById("viewer");
+  const status = document.getElementById("viewer-status");
+  const page = await getJSON("/v1/runs/" + encodeURIComponent(state.run) + "/rollouts?" +
+                             viewerParams(more ? viewer.before : null));
+  if (!more) box.textContent = "";
+  for (const g of page.items) box.appendChild(renderGroup(g));
+  if (!box.children.length) box.appendChild(el("div", { class: "empty" }, "no trajectories match"));
+  viewer.run = state.run;
+  viewer.before = page.next_before;
+  document.getElementById("viewer-older").disabled = !page.next_before;
+  box.dataset.groups = String(box.querySelectorAll(".group").length);
+  status.textContent = `${page.items.length} groups from ${page.scanned} messages read` +
+                       (page.exhausted ? " (start of the stream)" : "");
+}
+
+document.getElementById("viewer-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  loadRollouts(false).catch((e) => { document.getElementById("viewer-status").textContent = e.message; });
+});
+document.getElementById("viewer-older").addEventListener("click", () => {
+  loadRollouts(true).catch((e) => { document.getElementById("viewer-status").textContent = e.message; });
+});
+
 async function refresh() {
   try {
     const [health, runs] = await Promise.all([getJSON("/v1/health"), getJSON("/v1/runs")]);
@@ -173,11 +256,13 @@ async function refresh() {
     renderRuns(runs);
     if (state.run) {
       const base = "/v1/runs/" + encodeURIComponent(state.run);
-      const [m, hist, q] = await Promise.all([getJSON(base + "/metrics"), getJSON(base + "/staleness"),
-                                              getJSON(base + "/queues")]);
+      const [m, hist, q, tm] = await Promise.all([getJSON(base + "/metrics"), getJSON(base + "/staleness"),
+                                                  getJSON(base + "/queues"), getJSON(base + "/timings?last=500")]);
       renderMetrics(m);
       renderStaleness(hist);
       renderQueues(q);
+      renderTimings(tm);
+      if (viewer.run !== state.run) await loadRollouts(false);  // once per run; then on search / older
     }
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
     document.body.dataset.loaded = "1";

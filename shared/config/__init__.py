@@ -18,6 +18,7 @@ from shared.config.loader import ConfigError, dump_config, load_config, parse_ov
 from shared.config.nats import NatsConfig, StreamsConfig
 from shared.config.reward import RewardConfig
 from shared.config.rollout import RolloutConfig, SamplingConfig
+from shared.config.tracking import TrackingConfig
 from shared.config.trainer import TrainerConfig
 from shared.config.weights import WeightStoreConfig
 
@@ -38,6 +39,7 @@ class JetrlConfig(Section):
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @field_validator("run")
     @classmethod
@@ -62,6 +64,7 @@ __all__ = [
     "Section",
     "StreamsConfig",
     "TelemetryConfig",
+    "TrackingConfig",
     "TrainerConfig",
     "WeightStoreConfig",
     "dump_config",

@@ -49,5 +49,12 @@ class TelemetryConfig(Section):
     metrics_port: int = Field(
         0, ge=-1, le=65535, description="Prometheus /metrics port of this process (0 = a free port, -1 = off)."
     )
+    metrics_base_port: int = Field(
+        9400, ge=0, le=65435,
+        description="`jetrl up` / `jetrl demo`: each child's Prometheus port is this plus a fixed offset (trainer +1, "
+        "reward +10+i, rollout +20+i; the controller and weight store serve /metrics on their own ports; "
+        "docs/launch.md). 0 = free ports. Left at its default and taken (another run on this host), the next free "
+        "block of 100 is used and printed; set explicitly and taken, the launcher stops naming the port.",
+    )
     metrics_host: str = Field("127.0.0.1", description="Bind address of the metrics endpoint.")
     events_interval_s: float = Field(5.0, gt=0, description="How often a service publishes a metrics Event.")

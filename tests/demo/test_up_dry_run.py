@@ -22,7 +22,8 @@ def test_dry_run_prints_every_process_and_writes_the_resolved_config(tmp_path):
                           "--run-dir", str(tmp_path / "run"), "--workers", "2"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    names = [line.split(":")[0] for line in out.stdout.split("# processes")[1].strip().splitlines()]
+    procs, ports = out.stdout.split("# processes")[1].split("# metrics ports")
+    names = [line.split(":")[0] for line in procs.strip().splitlines()]
     assert names == ["nats", "controller", "weights", "reward", "rollout-0", "rollout-1", "trainer"]
     child = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert child["nats"]["embedded"] is False
@@ -33,6 +34,42 @@ def test_dry_run_prints_every_process_and_writes_the_resolved_config(tmp_path):
     assert child["weights"]["root"] == str(tmp_path / "run" / "weights")
     assert "--resume" in out.stdout
     assert not (tmp_path / "run" / "logs").exists()  # nothing was started
+    metrics = dict(line.split(": ") for line in ports.strip().splitlines()[1:])
+    assert set(metrics) == {"reward", "rollout-0", "rollout-1", "trainer"}
+    for name, port in metrics.items():
+        assert f"{name}: " in procs and f"telemetry.metrics_port={port}" in procs
+
+
+def test_metrics_ports_are_fixed_by_default_and_move_only_when_taken(tmp_path):
+    import socket
+
+    from launcher.metrics_ports import MetricsPortError, assign_metrics_ports
+
+    def specs(text):
+        r = resolve_config(_cfg(tmp_path, text), tmp_path / "run")
+        s = plan(r, tmp_path / "run" / "config.yaml", UpOptions(run_dir=tmp_path / "run", workers=2,
+                                                                reward_replicas=2))
+        return s, r.telemetry
+
+    free_base = 30000 + (hash(str(tmp_path)) % 300) * 100
+    s, tel = specs(f"run: mp\ntelemetry: {{metrics_base_port: {free_base}}}\n")
+    ports = assign_metrics_ports(s, tel)
+    b = free_base
+    assert ports == {"reward-0": b + 10, "reward-1": b + 11, "rollout-0": b + 20, "rollout-1": b + 21, "trainer": b + 1}
+    assert f"telemetry.metrics_port={b + 1}" in next(x for x in s if x.name == "trainer").argv
+    with socket.socket() as taken:  # an explicit base that is taken: refused, naming the field and the port
+        taken.bind(("127.0.0.1", b + 1))
+        s, tel = specs(f"run: mp\ntelemetry: {{metrics_base_port: {b}}}\n")
+        try:
+            assign_metrics_ports(s, tel)
+            raise AssertionError("a taken explicit metrics port was accepted")
+        except MetricsPortError as exc:
+            assert "telemetry.metrics_base_port" in str(exc) and str(b + 1) in str(exc)
+    s, tel = specs("run: mp\ntelemetry: {metrics_port: -1}\n")
+    assert assign_metrics_ports(s, tel) == {} and not any("telemetry.metrics_port=" in " ".join(x.argv) for x in s)
+    s, tel = specs("run: mp\n")  # the default: 9400 + offsets, or the next free block of 100
+    ports = assign_metrics_ports(s, tel)
+    assert (ports["trainer"] - 9401) % 100 == 0 and ports["rollout-1"] - ports["trainer"] == 20
 
 
 def test_explicit_ports_and_paths_are_kept(tmp_path):
@@ -52,3 +89,32 @@ def test_eval_follower_is_planned_when_asked_for(tmp_path):
     opts = UpOptions(run_dir=tmp_path / "run", eval_dataset=str(tmp_path / "h.jsonl"), eval_every=3)
     ev = [s for s in plan(resolve_config(cfg, opts.run_dir), tmp_path / "c.yaml", opts) if s.name == "eval"]
     assert ev and ev[0].argv[-4:] == ["--dataset", str(tmp_path / "h.jsonl"), "--every", "3"]
+
+
+def test_tracker_sink_is_planned_when_tracking_is_enabled(tmp_path):
+    from launcher.metrics_ports import assign_metrics_ports
+
+    r = resolve_config(_cfg(tmp_path, "run: tr\ntracking: {enabled: true, to: wandb}\n"), tmp_path / "run")
+    assert r.tracking.dir == str((tmp_path / "run" / "tracking").resolve())
+    specs = plan(r, tmp_path / "run" / "config.yaml", UpOptions(run_dir=tmp_path / "run"))
+    track = next(s for s in specs if s.name == "track")
+    assert track.argv[-3:] == ["track", "-c", str(tmp_path / "run" / "config.yaml")]
+    ports = assign_metrics_ports(specs, r.telemetry)
+    assert ports["track"] - ports["trainer"] == 2  # base + 3
+    off = resolve_config(_cfg(tmp_path, "run: tr\n"), tmp_path / "run2")
+    assert "track" not in [s.name for s in plan(off, tmp_path / "c.yaml", UpOptions(run_dir=tmp_path / "run2"))]
+
+
+def test_endpoints_list_names_the_dashboard_every_metrics_url_and_nats(tmp_path):
+    from launcher.up import Launcher, endpoints_text
+
+    cfg = _cfg(tmp_path, "run: ep\nnats: {embedded: true}\ntelemetry: {metrics_base_port: 0}\n")
+    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", workers=2), console=None)
+    text = endpoints_text(launcher)
+    c = launcher.resolved.controller
+    assert f"dashboard           {c.url}/#token=<the token in {tmp_path / 'run' / 'secrets' / 'controller.token'}>" in text
+    assert f"controller metrics  {c.url}/metrics" in text and f"{launcher.resolved.weights.url}/metrics" in text
+    for name, port in launcher.metrics_ports.items():
+        assert f"{name} metrics" in text and f"http://127.0.0.1:{port}/metrics" in text
+    assert set(launcher.metrics_ports) == {"reward", "rollout-0", "rollout-1", "trainer"}
+    assert launcher.resolved.nats.servers[0] in text

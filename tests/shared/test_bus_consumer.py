@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 import numpy as np
+import pytest
 from nats.js import api
 
 from shared import bus, codec, subjects
@@ -216,3 +217,13 @@ def test_consumer_config_is_explicit_ack_with_the_loops_ack_wait():
     cfg = loop.consumer_config()
     assert cfg.ack_policy == api.AckPolicy.EXPLICIT and cfg.ack_wait == 7.0 and cfg.durable_name == "d"
     assert cfg.max_ack_pending >= 300
+
+
+def test_a_dead_letter_source_over_the_token_limit_is_refused_when_the_loop_is_made(js, nc):
+    run = "r" * 64  # the longest run id: `controller-events-<run>` would be 82 characters
+    with pytest.raises(ValueError, match="dead-letter source 'controller-events-r+' is invalid"):
+        bus.ConsumerLoop(js, nc, run=run, stream=subjects.EVENTS_STREAM, subject=subjects.events_all(run),
+                     durable=subjects.controller_events_consumer(run), handler=None)
+    loop = bus.ConsumerLoop(js, nc, run=run, stream=subjects.EVENTS_STREAM, subject=subjects.events_all(run),
+                        durable=subjects.controller_events_consumer(run), handler=None, source="controller-events")
+    assert subjects.dlq(run, loop.source) == f"jetrl.{run}.dlq.controller-events"

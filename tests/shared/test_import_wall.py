@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = ("controller", "rollout_service", "reward_service", "trainer_service", "weight_store")
+SERVICES = ("controller", "rollout_service", "reward_service", "trainer_service", "weight_store", "tracker")
 LAUNCHER = "launcher"
 
 # What crosses a service boundary in code: modules that speak only the wire protocol (or, for

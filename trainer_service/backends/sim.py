@@ -45,7 +45,7 @@ class SimBackend(FSDPBackend):
             "behav_weight_mean": 1.0, "ratio_mean": 1.0, "adv_abs_mean": 0.0,
             "loss_tokens": sum(it.num_loss_tokens for it in items), "tokens": tokens, "grad_norm": 0.0,
             "lr": self.current_lr(), "micro_batches": 0, "ppo_minibatches": 1, "minibatch_loss": [0.0],
-            "minibatch_clip_frac": [0.0], "step_time_s": dt, "prox_s": 0.0, "forward_s": 0.0, "backward_s": 0.0,
-            "optim_s": 0.0,
+            "minibatch_clip_frac": [0.0], "step_time_s": dt,
             "tokens_per_s": tokens / dt if dt > 0 else 0.0, "simulated": 1, "simulated_cost_s": cost,
+            "timings": {},  # no forward / backward / optimizer: the trainer charges the sleep to train_other
         }

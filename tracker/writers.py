@@ -1,0 +1,84 @@
+"""The trackers: one small class each, `write(version, scalars)`, `flush()`, `close()`. The x axis is
+the policy version everywhere (wandb: a `version` step metric, since events of older versions may
+arrive after newer ones and wandb's own step must only grow)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class TensorBoardWriter:
+    """Event files under `dir` (tensorboard's own writer; `tensorboard --logdir DIR`)."""
+
+    def __init__(self, dir: Path, run: str, **_):
+        from tensorboard.summary import DirectoryOutput, Writer
+
+        self.path = Path(dir) / run
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._w = Writer(DirectoryOutput(str(self.path)))
+
+    def write(self, version: int, scalars: dict[str, float]) -> None:
+        for k, v in scalars.items():
+            self._w.add_scalar(k, v, step=version)
+
+    def flush(self) -> None:
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
+
+
+class WandbWriter:
+    """A wandb run under `dir` (offline by default: `wandb sync DIR/wandb/offline-run-*` uploads it)."""
+
+    def __init__(self, dir: Path, run: str, project: str = "jetrl", name: str = "", mode: str = "offline",
+                 config: dict | None = None, **_):
+        import wandb
+
+        Path(dir).mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(dir=str(dir), project=project, name=name or run, mode=mode, config=config or {},
+                               id=None, reinit="create_new")
+        self._run.define_metric("version")
+        self._run.define_metric("*", step_metric="version")
+        self.path = Path(self._run.dir).parent
+
+    def write(self, version: int, scalars: dict[str, float]) -> None:
+        self._run.log({"version": version, **scalars})
+
+    def flush(self) -> None:
+        pass  # wandb's own process writes as it goes
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class TrackioWriter:
+    """A trackio project in a local SQLite database under `dir` (`trackio show` reads it; TRACKIO_DIR is set
+    to `dir` before trackio is imported, so one sink process writes one place)."""
+
+    def __init__(self, dir: Path, run: str, project: str = "jetrl", name: str = "", config: dict | None = None, **_):
+        Path(dir).mkdir(parents=True, exist_ok=True)
+        os.environ["TRACKIO_DIR"] = str(Path(dir).resolve())
+        import trackio
+        from trackio import utils
+
+        if Path(utils.TRACKIO_DIR).resolve() != Path(dir).resolve():
+            raise RuntimeError(f"trackio was imported before its directory was set (it writes to {utils.TRACKIO_DIR},"
+                               f" not {dir}): run the trackio sink in its own process (`jetrl track`)")
+        self._trackio = trackio
+        self._run = trackio.init(project=project, name=name or run, config=config or {}, embed=False,
+                                 auto_log_gpu=False, auto_log_cpu=False)
+        self.path = Path(dir)
+
+    def write(self, version: int, scalars: dict[str, float]) -> None:
+        self._run.log(dict(scalars), step=version)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+WRITERS = {"tensorboard": TensorBoardWriter, "wandb": WandbWriter, "trackio": TrackioWriter}
