@@ -38,6 +38,8 @@ def main(out: str, extra: list[str]) -> None:
     sd = backend.full_state_dict()
     if backend.rank == 0:
         torch.save({"state": sd, "stats": stats, "world": backend.world_size}, out)
+    if backend.world_size > 1:  # leave together: a rank tearing gloo down while rank 0 still writes aborts
+        torch.distributed.barrier()
     backend.close()
 
 
