@@ -26,6 +26,7 @@ import numpy as np
 from nats.aio.client import Client as NATS
 
 from shared import codec, subjects
+from shared.jsonl import json_objects
 from shared.messages import RewardResult
 
 SERVICE_NAME = "jetrl-reward"  # the NATS micro service name every replica registers (docs/reward.md)
@@ -130,27 +131,17 @@ def load_cases(path: str) -> list[KnownCase]:
     """`--cases FILE`: JSON lines {"completions": [...], "reference": ..., "rewards": [...], "payload": {...}};
     ValueError naming the line and what to fix."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not JSON ({exc.msg})") from None
-            if not isinstance(d, dict):
-                raise ValueError(f"{where}: each line is an object with completions, reference, rewards")
-            comps, rewards = d.get("completions"), d.get("rewards")
-            if not isinstance(comps, list) or not comps or not all(isinstance(c, str) for c in comps):
-                raise ValueError(f"{where}: completions must be a non-empty list of strings")
-            if (not isinstance(rewards, list) or len(rewards) != len(comps)
-                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rewards)):
-                raise ValueError(f"{where}: rewards must be a list of {len(comps)} numbers, one per completion")
-            payload = d.get("payload", {})
-            if not isinstance(payload, dict):
-                raise ValueError(f"{where}: payload must be an object")
-            out.append(KnownCase(comps, d.get("reference"), [float(x) for x in rewards], payload))
+    for where, d in json_objects(path):
+        comps, rewards = d.get("completions"), d.get("rewards")
+        if not isinstance(comps, list) or not comps or not all(isinstance(c, str) for c in comps):
+            raise ValueError(f"{where}: completions must be a non-empty list of strings")
+        if (not isinstance(rewards, list) or len(rewards) != len(comps)
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rewards)):
+            raise ValueError(f"{where}: rewards must be a list of {len(comps)} numbers, one per completion")
+        payload = d.get("payload", {})
+        if not isinstance(payload, dict):
+            raise ValueError(f"{where}: payload must be an object")
+        out.append(KnownCase(comps, d.get("reference"), [float(x) for x in rewards], payload))
     if not out:
         raise ValueError(f"{path}: no cases (one JSON object per line)")
     return out

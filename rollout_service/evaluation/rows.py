@@ -3,11 +3,11 @@ the fields found by name (eval.prompt_field / eval.reference_field) or by the us
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from shared.config.eval import EvalConfig
+from shared.jsonl import json_objects
 
 PROMPT_FIELDS = ("prompt", "question", "problem", "input")
 REFERENCE_FIELDS = ("reference", "answer", "solution", "target")
@@ -31,29 +31,19 @@ def read_rows(path: str | Path, ecfg: EvalConfig) -> list[dict]:
     if not p.is_file():
         raise ValueError(f"eval dataset {str(p)!r}: no such file")
     rows: list[dict] = []
-    with open(p) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{p}:{n}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-            ref_key = _pick(row, ecfg.reference_field, REFERENCE_FIELDS, "reference", where)
-            if "messages" in row and not ecfg.prompt_field:
-                prompt_key = "messages"
-                payload: dict[str, Any] = {"messages": row["messages"]}
-            else:
-                prompt_key = _pick(row, ecfg.prompt_field, PROMPT_FIELDS, "prompt", where)
-                payload = {"prompt": str(row[prompt_key])}
-            payload["reference"] = row[ref_key]
-            payload["metadata"] = {k: v for k, v in row.items() if k not in (ref_key, prompt_key)}
-            rows.append(payload)
-            if ecfg.limit and len(rows) >= ecfg.limit:
-                break
+    for where, row in json_objects(p):
+        ref_key = _pick(row, ecfg.reference_field, REFERENCE_FIELDS, "reference", where)
+        if "messages" in row and not ecfg.prompt_field:
+            prompt_key = "messages"
+            payload: dict[str, Any] = {"messages": row["messages"]}
+        else:
+            prompt_key = _pick(row, ecfg.prompt_field, PROMPT_FIELDS, "prompt", where)
+            payload = {"prompt": str(row[prompt_key])}
+        payload["reference"] = row[ref_key]
+        payload["metadata"] = {k: v for k, v in row.items() if k not in (ref_key, prompt_key)}
+        rows.append(payload)
+        if ecfg.limit and len(rows) >= ecfg.limit:
+            break
     if not rows:
         raise ValueError(f"eval dataset {str(p)!r} has no rows")
     return rows
