@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,11 @@ async def test_the_compose_nats_config_runs_with_jetstream_and_an_8_mib_max_payl
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_image_copies_every_package_the_wheel_installs():
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "compose" / "Dockerfile").read_text(), re.M))
+    assert {p.rstrip("*") for p in include} <= copied

@@ -57,12 +57,12 @@ async def _swap_while_generating(engine, tiny_dirs, hf_models, progress, atol: f
 async def check_weight_update_mid_run(engine, tiny_dirs, hf_models, progress, atol: float) -> None:
     """A swap while generations run (retried when the server was too quick and all had finished),
     then new requests get the new weights, then back to v0 from an in-memory state dict."""
-    for _attempt in range(3):
+    for _attempt in range(5):  # on a busy host a reload can outlast every generation: retry
         if await _swap_while_generating(engine, tiny_dirs, hf_models, progress, atol, n_reqs=12):
             break
         await engine.update_weights(0, path=str(tiny_dirs[0]))
     else:
-        raise AssertionError("no generation was still running when the weights changed (3 attempts)")
+        raise AssertionError("no generation was still running when the weights changed (5 attempts)")
 
     # a new request now gets v1's outputs; after swapping back (state dict) v0's again
     short = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)

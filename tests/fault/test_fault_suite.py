@@ -42,7 +42,7 @@ async def test_the_run_recovers_from_a_sigkill_of(scenario, fault):
 async def test_poison_messages_land_in_the_dlq_with_their_reason(scenario):
     poisons = await scenario.poison()  # waits for every dead letter and a trainer step after them
     sources = {"PROMPTS": "rollout", "TRAJECTORIES": "trainer",
-               "EVENTS": f"controller-events-{scenario.run}"}
+               "EVENTS": "controller-events"}  # DLQ sources name the consumer kind, not the run (docs/protocol.md)
     assert {(p.stream, p.kind) for p in poisons} == {(s, k) for s in sources for k in ("not msgpack", "wrong schema")}
     for p in poisons:
         assert p.source == sources[p.stream], p
