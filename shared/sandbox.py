@@ -79,7 +79,7 @@ def _parent_dirs(paths: list[str]) -> list[str]:
         parts = Path(p).parent.parts
         for i in range(2, len(parts) + 1):
             d = str(Path(*parts[:i]))
-            if d not in seen and not d.startswith(("/usr", "/lib", "/bin", "/sbin", "/tmp", "/proc", "/dev")):
+            if d not in seen and d != "/tmp" and not d.startswith(("/usr", "/lib", "/bin", "/sbin", "/proc", "/dev")):
                 seen.add(d)
                 out += ["--perms", "0755", "--dir", d]
     return out
@@ -102,12 +102,15 @@ def command(argv: list[str], work: Path, ro_files: dict[str, str] | None = None,
     out += ["--ro-bind", "/usr", "/usr"]
     for d in ("/lib", "/lib64", "/lib32", "/bin", "/sbin"):
         out += ["--ro-bind-try", d, d]
+    # the private /tmp first: binds below come on top of it (an interpreter or venv under the host's /tmp
+    # stays visible)
+    out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     binds = _interpreter_dirs() + [os.path.realpath(d) for d in ro_dirs or []]
     # bwrap would create the parents of a bind 0700 (root's): make them traversable by uid 65534
     out += _parent_dirs([*binds, *(ro_files or {}).values()])
     for d in binds:
         out += ["--ro-bind", d, d]
-    out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(work), str(work)]
+    out += ["--bind", str(work), str(work)]
     for host, inside in (ro_files or {}).items():
         out += ["--ro-bind", host, inside]
     out += ["--chdir", str(work), "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", str(work),

@@ -187,3 +187,23 @@ def test_a_200_mb_print_is_cut_in_the_scorer():
     s = code.score(BYPASS + 'import sys\nfor _ in range(2000):\n    sys.__stdout__.write("x" * 100_000)\n',
                    [{"input": "", "output": "HELD"}])
     assert s.reward == 0.0 and s.error and "output" in s.error, s
+
+
+def test_a_read_only_dir_under_the_hosts_tmp_stays_visible_over_the_private_tmp():
+    # a venv under /tmp (a clone checked out there) is bound on top of the sandbox's own /tmp
+    import tempfile
+
+    from shared import sandbox
+
+    shown = Path(tempfile.mkdtemp(prefix="jetrl-ro-", dir="/tmp"))
+    work = Path(tempfile.mkdtemp(prefix="jetrl-work-", dir="/tmp"))
+    try:
+        (shown / "marker.txt").write_text("visible")
+        os.chmod(shown, 0o755)
+        os.chmod(shown / "marker.txt", 0o644)
+        sandbox.prepare_workdir(work)
+        out = sandbox.run(["/bin/cat", str(shown / "marker.txt")], work, sandbox.Limits(), 20, ro_dirs=[str(shown)])
+        assert out.stdout.decode() == "visible", out.stderr.decode()
+    finally:
+        shutil.rmtree(shown, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
