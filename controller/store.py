@@ -257,16 +257,27 @@ def staleness_hist(s: Session, run_id: str, last: int = 0) -> dict[str, int]:
     return {str(k): hist[k] for k in sorted(hist)}
 
 
+STEP_ORDER_SLACK = 512  # > the follower's events in flight (batch 64 x 4)
+
+
+def _num(x) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else -1.0
+
+
 def stage_timings(s: Session, run_id: str, last: int = 0) -> dict:
     """Per-version stage timings of the last `last` step events (0 = all): controller/timings.py."""
     from controller.timings import stage_table
 
     q = select(EventRow.data).where(EventRow.run_id == run_id, EventRow.kind == "step").order_by(EventRow.id.desc())
-    steps = list(s.scalars(q.limit(last) if last else q))[::-1]
-    versions = [d.get("version") for d in steps if isinstance(d, dict)]
+    # The follower stores a batch of events concurrently, so row order is not step order: take enough of
+    # the newest rows to cover its in-flight window, order them by step, keep the last `last`.
+    rows = [d for d in s.scalars(q.limit(last + STEP_ORDER_SLACK) if last else q) if isinstance(d, dict)]
+    rows.sort(key=lambda d: (_num(d.get("step")), _num(d.get("version"))))
+    steps = rows[-last:] if last else rows
+    versions = [d.get("version") for d in steps]
     w = select(EventRow.data).where(EventRow.run_id == run_id, EventRow.kind == "weights")
     weights = [d for d in s.scalars(w) if isinstance(d, dict) and (not last or d.get("version") in versions)]
-    return stage_table([d for d in steps if isinstance(d, dict)], weights)
+    return stage_table(steps, weights)
 
 
 def events(s: Session, run_id: str, kind: str | None, service: str | None, after: int, limit: int) -> list[dict]:
