@@ -25,24 +25,38 @@ async def check_logprobs_equal_a_forward_pass(engine, model, atol: float) -> Non
         torch.testing.assert_close(torch.tensor(r.logprobs), ref, atol=atol, rtol=0)
 
 
-async def _swap_while_generating(engine, tiny_dirs, hf_models, progress, atol: float, n_reqs: int) -> int:
-    """Swap v0 -> v1 while `n_reqs` greedy generations run; check every token; return how many switched."""
+async def _settled(progress) -> float:
+    """The progress counter once it stops moving (a server may count the previous requests' tokens late)."""
+    last = await progress()
+    while True:
+        await asyncio.sleep(0.1)
+        now = await progress()
+        if now == last:
+            return now
+        last = now
+
+
+async def _swap_while_generating(
+    engine, tiny_dirs, hf_models, progress, atol: float, n_reqs: int, steps: int
+) -> list[int]:
+    """Swap v0 -> v1 once `n_reqs` greedy generations made about `steps` decode steps; check every
+    token; return each request's count of v0 tokens (0 < k < 200: it switched mid-generation)."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=200, ignore_eos=True)
     reqs = [GenerateRequest([1, 5 + i, 6, 7], greedy) for i in range(n_reqs)]
-    start = await progress()
+    start = await _settled(progress)
     tasks = [asyncio.create_task(engine.generate(r)) for r in reqs]
 
     async def under_way():  # a few decode steps of the whole batch
-        return await progress() >= start + 3 * n_reqs
+        return await progress() >= start + steps * n_reqs
 
     await wait_until(under_way, what="the server to generate tokens")
     await engine.update_weights(1, path=str(tiny_dirs[1]))
     results = await asyncio.gather(*tasks)
-    switched = 0
+    ks = []
     for r in results:
         n, k = len(r.output_ids), r.versions.count(0)
         assert n == 200 and r.versions == [0] * k + [1] * (n - k), (k, n)
-        switched += 0 < k < n
+        ks.append(k)
         # tokens before the swap are v0's greedy choices, after it v1's, given all tokens so far
         assert_greedy(hf_models[0], r.prompt_ids, r.output_ids, 0, k)
         assert_greedy(hf_models[1], r.prompt_ids, r.output_ids, k, n)
@@ -51,18 +65,28 @@ async def _swap_while_generating(engine, tiny_dirs, hf_models, progress, atol: f
         ref1 = forward_logprobs(hf_models[1], r.prompt_ids, r.output_ids)
         torch.testing.assert_close(lp[:k], ref0[:k], atol=atol, rtol=0)
         torch.testing.assert_close(lp[k:], ref1[k:], atol=atol, rtol=0)
-    return switched
+    return ks
+
+
+async def _swap_mid_generation(engine, dirs, models, progress, atol: float, what: str) -> None:
+    """Retry `_swap_while_generating` until some request switched mid-way. The race is the server's
+    speed against the swap's start: when every request had finished first, swap earlier (after one
+    decode step); when none had begun, later. Back to v0 between tries."""
+    seen, steps = [], 3
+    for _attempt in range(6):
+        ks = await _swap_while_generating(engine, dirs, models, progress, atol, n_reqs=12, steps=steps)
+        seen.append(ks)
+        if any(0 < k < 200 for k in ks):
+            return
+        steps = 1 if all(k == 200 for k in ks) else steps + 5
+        await engine.update_weights(0, path=str(dirs[0]))
+    raise AssertionError(f"no generation was still running when {what} (v0 tokens per request, per try: {seen})")
 
 
 async def check_weight_update_mid_run(engine, tiny_dirs, hf_models, progress, atol: float) -> None:
     """A swap while generations run (retried when the server was too quick and all had finished),
     then new requests get the new weights, then back to v0 from an in-memory state dict."""
-    for _attempt in range(5):  # on a busy host a reload can outlast every generation: retry
-        if await _swap_while_generating(engine, tiny_dirs, hf_models, progress, atol, n_reqs=12):
-            break
-        await engine.update_weights(0, path=str(tiny_dirs[0]))
-    else:
-        raise AssertionError("no generation was still running when the weights changed (5 attempts)")
+    await _swap_mid_generation(engine, tiny_dirs, hf_models, progress, atol, "the weights changed")
 
     # a new request now gets v1's outputs; after swapping back (state dict) v0's again
     short = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
@@ -109,12 +133,7 @@ async def check_adapter_swap_mid_run(engine, lora_dirs, base_model, progress, at
     the base's, after it the adapter-merged model's (peft's own merge, `lora_dirs["merged"]`). Returns
     the logprobs of a fixed greedy request under the adapter (to compare engines)."""
     models = {0: base_model, 1: lora_dirs["merged"]}
-    for _attempt in range(5):  # a fast server may finish every generation before the swap lands: retry
-        if await _swap_while_generating(engine, lora_dirs["dirs"], models, progress, atol, n_reqs=12):
-            break
-        await engine.update_weights(0, path=str(lora_dirs["dirs"][0]))
-    else:
-        raise AssertionError("no generation was still running when the adapter arrived (5 attempts)")
+    await _swap_mid_generation(engine, lora_dirs["dirs"], models, progress, atol, "the adapter arrived")
     short = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
     after = await engine.generate(GenerateRequest([1, 9, 8], short))
     assert set(after.versions) == {1}
