@@ -20,7 +20,7 @@ import torch
 from shared.config import JetrlConfig, TrainerConfig
 from shared.tinymodel import load_policy
 from trainer_service import checkpoint, lora, step, varlen
-from trainer_service.backends.base import DistMixin, init_distributed, pick_device
+from trainer_service.backends.base import DistMixin, init_distributed, pick_device, tied_output_keys
 from trainer_service.logprobs import (
     at_positions,
     head_supports_chunking,
@@ -176,9 +176,15 @@ class FSDPBackend(DistMixin):
             if self.rank != 0:
                 return None
         else:
-            sd = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
-                  if not trainable_only or "lora_" in k or "modules_to_save" in k}
-        return lora.adapter_state_dict(self.model, sd) if trainable_only else sd
+            own = self.model.state_dict()
+            skip = set() if trainable_only else tied_output_keys(self._hf_config, own)
+            sd = {k: v.detach().to("cpu", copy=True) for k, v in own.items()
+                  if k not in skip and (not trainable_only or "lora_" in k or "modules_to_save" in k)}
+        if trainable_only:
+            return lora.adapter_state_dict(self.model, sd)
+        for k in tied_output_keys(self._hf_config, sd):
+            del sd[k]
+        return sd
 
     def _sd_options(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions
