@@ -3,8 +3,9 @@
 Rank 0 runs the asyncio service (NATS intake, batching, publishing, events); the other ranks wait in
 `follow()` for commands that rank 0 broadcasts (step / state_dict / save / load / noop / stop), so
 every collective (FSDP all-gathers, DCP save) happens in the same order on all ranks. A step is:
-batch -> advantages -> train_step (all ranks) -> full state dict (all ranks) -> publish v+1 (rank 0)
--> events -> checkpoint every `checkpoint_every` steps (all ranks). docs/trainer.md has the details.
+batch -> advantages -> train_step (all ranks) -> full state dict (all ranks) -> publish v+1 (rank 0; by
+default uploaded while the next step trains, `trainer.publish_overlap`) -> events -> checkpoint every
+`checkpoint_every` steps (all ranks). docs/trainer.md has the details.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class Trainer:
         # malloc arenas (the suspected cause of a SmolLM2 trainer growing from ~7 to ~11 GB over 12 steps
         # while the same steps on one thread stayed flat; docs/benchmarks.md).
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jetrl-trainer-backend")
+        self._pending_publish: asyncio.Task | None = None  # trainer.publish_overlap's upload in flight
+        self._store_s = 0.0  # seconds the last publish took to write, upload and announce
 
     def _run(self, cmd: dict) -> Any:
         self.backend.broadcast(cmd)
@@ -112,32 +115,53 @@ class Trainer:
             self._stopped_followers = True
             await self.run_cmd({"kind": "stop"})
 
-    async def _publish(self) -> None:
-        """Store and announce the current weights as `self.version`. While the weight store or NATS is
-        down (restarting), retry with back-off instead of crashing: a crash would throw away the steps
-        since the last checkpoint. Publishing is idempotent per (instance, version), so a retry after a
-        commit or an announcement whose reply was lost finishes it instead of failing."""
+    async def _publish(self, overlap: bool = False) -> None:
+        """Store and announce the current weights as `self.version`; with `overlap`, in a background task
+        that the next publish, checkpoint or shutdown awaits (`_published`). The state dict is taken
+        here, so the next step may train while it uploads."""
+        await self._published()  # the previous version first: versions stay in order, one copy in flight
         sd = await self.run_cmd({"kind": "state_dict"})
+        task = self._store(self.version, self.step, sd)
+        if overlap:
+            self._pending_publish = asyncio.create_task(task)
+        else:
+            await task
+
+    async def _published(self) -> None:
+        """Wait for a background publish; its failure is raised here."""
+        task, self._pending_publish = self._pending_publish, None
+        if task is not None:
+            await task
+
+    async def _store(self, version: int, step: int, sd: dict) -> None:
+        """Store and announce `sd` as `version`. While the weight store or NATS is down (restarting),
+        retry with back-off instead of crashing: a crash would throw away the steps since the last
+        checkpoint. Publishing is idempotent per (instance, version), so a retry after a commit or an
+        announcement whose reply was lost finishes it instead of failing."""
+        t0 = time.perf_counter()
         delay = PUBLISH_RETRY_S[0]
         while True:
             try:
-                wv = await self.publisher.publish(self.version, self.step, sd, self.backend.hf_config(),
+                wv = await self.publisher.publish(version, step, sd, self.backend.hf_config(),
                                                   self.backend.tokenizer, metadata={"instance": self.instance})
                 break
             except VersionTakenError as exc:  # left behind by a trainer that died before announcing it
-                log.warning("%s; publishing as version %d instead", exc, self.version + 1)
-                self.version += 1
+                log.warning("%s; publishing as version %d instead", exc, version + 1)
+                version += 1
+                self.version = max(self.version, version)
             except Exception as exc:
                 if not retryable_publish_error(exc) or self._stop.is_set():
                     raise
-                log.warning("publishing version %d failed (%s: %s); retrying in %.1fs", self.version,
+                log.warning("publishing version %d failed (%s: %s); retrying in %.1fs", version,
                             type(exc).__name__, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, PUBLISH_RETRY_S[1])
-        metrics.VERSION.set(self.version)
-        log.info("published version %d (step %d) %s", self.version, self.step, wv.manifest_url)
+        self._store_s = time.perf_counter() - t0
+        metrics.VERSION.set(version)
+        log.info("published version %d (step %d) in %.2f s %s", version, step, self._store_s, wv.manifest_url)
 
     async def _checkpoint(self) -> None:
+        await self._published()  # the checkpoint's version is announced before the checkpoint names it
         pos = self.intake.position()
         extra = {"version": self.version, "step": self.step, "intake_position": pos.position,
                  "finished_groups": pos.finished, "run": self.cfg.run, "time": time.time()}
@@ -203,8 +227,9 @@ class Trainer:
         metrics.STEPS.inc()
         t2 = time.perf_counter()
         if self.step % self.cfg.trainer.publish_every == 0:
+            await self._published()
             self.version += 1
-            await self._publish()
+            await self._publish(overlap=self.cfg.trainer.publish_overlap)
         t3 = time.perf_counter()
         carried, self._carry = self._carry, {}
         stages = timings.step_stages(
@@ -219,7 +244,8 @@ class Trainer:
         data = {"version": self.version, "step": self.step, "loss": stats["loss"], "reward_mean": reward_mean,
                 "samples": len(items), "groups": len(trained), "dropped_stale_samples": batch.dropped_stale_samples,
                 "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, **stats,
-                "wall_s": wall, "timings": stages, "rollout_timings": rollout}
+                "wall_s": wall, "timings": stages, "rollout_timings": rollout,
+                "publish_store_s": self._store_s}  # the last finished write + upload (overlapped or not)
         for k, v in stages.items():
             metrics.STAGE_SECONDS.labels(k).observe(v)
         metrics.QUEUE_WAIT.observe(rollout["queue_wait"])
@@ -307,9 +333,14 @@ class Trainer:
                     await self._report_outcomes()
                     continue
                 await self._train(batch, time.perf_counter())
+            await self._published()
             if self.step > 0 and self.step != self.last_checkpoint_step:
                 await self._checkpoint()
         finally:
+            if self._pending_publish is not None:  # failing: a half-done upload is never announced
+                self._pending_publish.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._pending_publish
             if health is not None:
                 health.cancel()
             if self.intake is not None:

@@ -8,7 +8,9 @@ is cut into consecutive stages, so they add up to it:
     forward / backward / optimizer   inside train_step (rank 0's clock)
     train_other  the rest of the train command: packing, host->device copies, collectives, the hop to the
                  backend's thread
-    publish      full state dict, upload to the weight store, announcement
+    publish      full state dict, upload to the weight store, announcement; with trainer.publish_overlap
+                 the state dict and the wait for the previous version's upload only (the step event's
+                 `publish_store_s` has the last upload's own duration)
     events       the previous step's events and metrics
     checkpoint   the previous step's checkpoint (0 when it took none)
 
