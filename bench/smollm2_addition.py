@@ -109,6 +109,7 @@ async def run(args) -> dict:
         })
         res["completions_per_s"] = round(res["completions"] / train_s, 3)
         res["generated_tokens_per_s"] = round(res["generated_tokens"] / train_s, 2)
+        print("speed (before the held-out evaluations): " + json.dumps(res), flush=True)
         if not args.no_eval:
             acc = {}
             for v in sorted({0, final}):

@@ -23,6 +23,11 @@ def _make_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]):
     return DynamicCache(ddp_cache_data=kv)
 
 
+def select_rows(cache, idx: torch.Tensor):
+    """A cache of rows `idx` of `cache` (rows may repeat: copies of one prefill for several sequences)."""
+    return _make_cache([(k.index_select(0, idx), v.index_select(0, idx)) for k, v in _cache_tensors(cache)])
+
+
 class KVBatch:
     """Rows of running sequences: the cache, its padding mask and each row's next position id."""
 

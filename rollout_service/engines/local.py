@@ -7,7 +7,8 @@ computes. Only that thread touches the model and the KV cache. An iteration:
 1. applies a pending weight swap (between steps, never inside one); with `recompute_kv_on_swap`
    every running sequence is re-prefilled from its tokens under the new weights,
 2. prefills up to `max_prefill_batch` waiting requests together (left-padded) and samples their first
-   token; their rows join the running batch (kvbatch.KVBatch),
+   token; their rows join the running batch (kvbatch.KVBatch). Requests with the same tokens (a
+   group's samples of one prompt) are prefilled once and get copies of that row (`share_prefill`),
 3. decodes one token for every running row, then drops the rows that finished.
 
 A LoRA version (a PEFT adapter dir, shared/adapters.py) is merged into the served weights in place, on
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 
 from rollout_service.engines.base import Engine, GenerateRequest, GenerateResult
-from rollout_service.engines.kvbatch import KVBatch
+from rollout_service.engines.kvbatch import KVBatch, select_rows
 from rollout_service.engines.sampling import StopChecker, check_sampling, make_generator, sample_rows
 from shared.adapters import is_adapter_dir, merged_weights, read_adapter
 from shared.config import JetrlConfig
@@ -108,6 +109,7 @@ class LocalEngine(Engine):
         self._extra: dict[str, Any] = {}
         self._lora_base: dict[str, torch.Tensor] = {}  # base values of the tensors adapters change
         self._tokens_total = 0
+        self._prefill_rows = 0  # prompt rows run through prefill (fewer than sequences with share_prefill)
         self._steps = 0
         self._t0 = time.monotonic()
 
@@ -234,6 +236,7 @@ class LocalEngine(Engine):
         elapsed = max(time.monotonic() - self._t0, 1e-9)
         return {
             "tokens_generated": float(self._tokens_total),
+            "prefill_rows": float(self._prefill_rows),
             "steps": float(self._steps),
             "running": float(len(self._running) + len(self._reprefill)),
             "waiting": float(len(self._waiting)),
@@ -394,18 +397,30 @@ class LocalEngine(Engine):
         return out.logits[:, -1, :].float(), cache
 
     def _prefill(self, seqs: list[_Seq]) -> None:
-        """Run the whole token list of each seq (left-padded) and sample its next token."""
+        """Run the whole token list of each seq (left-padded) and sample its next token. With
+        `share_prefill`, each distinct token list (a group's shared prompt) runs once and its sequences
+        get copies of its KV rows and logits; each still samples with its own generator."""
         from transformers import DynamicCache
 
-        length = max(len(s.tokens) for s in seqs)
-        ids = torch.zeros((len(seqs), length), dtype=torch.long)
-        mask = torch.zeros((len(seqs), length), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, length - len(s.tokens) :] = torch.tensor(s.tokens)
-            mask[i, length - len(s.tokens) :] = 1
+        distinct: dict[tuple[int, ...], int] = {}
+        if self.opts.share_prefill:
+            row_of = [distinct.setdefault(tuple(s.tokens), len(distinct)) for s in seqs]
+            lists = [list(t) for t in distinct]
+        else:
+            row_of, lists = list(range(len(seqs))), [s.tokens for s in seqs]
+        length = max(len(t) for t in lists)
+        ids = torch.zeros((len(lists), length), dtype=torch.long)
+        mask = torch.zeros((len(lists), length), dtype=torch.long)
+        for i, t in enumerate(lists):
+            ids[i, length - len(t) :] = torch.tensor(t)
+            mask[i, length - len(t) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         logits, cache = self._forward(ids, mask, pos, DynamicCache())
+        self._prefill_rows += len(lists)
+        if len(lists) < len(seqs):
+            idx = torch.tensor(row_of, dtype=torch.long, device=self.device)
+            cache, mask, logits = select_rows(cache, idx), mask.index_select(0, idx), logits.index_select(0, idx)
         now = time.monotonic()
         for s in seqs:
             if not s.t_prefilled:

@@ -22,6 +22,12 @@ class LocalEngineConfig(Section):
         32, ge=1, description="Most sequences decoding together; more requests wait in a queue."
     )
     max_prefill_batch: int = Field(16, ge=1, description="Most new requests prefilled together in one step.")
+    share_prefill: bool = Field(
+        True,
+        description="Prefill each distinct token list of a prefill batch once and give every sequence with "
+        "that list a copy of its KV rows: a group's samples share their prompt (8 samples: 1 prompt "
+        "forward instead of 8). false = one prefill row per sequence.",
+    )
     recompute_kv_on_swap: bool = Field(
         True,
         description="After a weight swap, rebuild in-flight KV caches from their tokens under the new weights "

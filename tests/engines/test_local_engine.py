@@ -229,3 +229,29 @@ async def test_bad_requests_fail_naming_what_to_fix(tiny_dirs):
         await eng.close()
     with pytest.raises(ValueError, match="rollout.vllm.url"):
         make_engine(engine_config(engine="vllm"))
+
+
+async def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_samples(tiny_dirs, hf_models):
+    """Two groups of 4 samples (different seeds) and a lone prompt, submitted together: share_prefill runs
+    3 prefill rows instead of 9 and gives every sample the tokens and logprobs of the unshared prefill."""
+    group_a, group_b = [1, 5, 9, 12, 7], [1, 30, 31]
+    reqs = [GenerateRequest(p, SamplingParams(temperature=1.0, max_new_tokens=10, seed=s))
+            for p, n in ((group_a, 4), (group_b, 4), ([1, 40, 41, 42, 43, 44, 45], 1)) for s in range(n)]
+    results = {}
+    for share in (True, False):
+        eng = await started(tiny_dirs, max_prefill_batch=16, share_prefill=share)
+        try:
+            await eng.pause()  # all nine wait, then join one prefill batch
+            tasks = [asyncio.create_task(eng.generate(GenerateRequest(r.prompt_ids, r.sampling))) for r in reqs]
+            await asyncio.sleep(0.2)
+            await eng.resume()
+            results[share] = await asyncio.gather(*tasks)
+            assert eng.stats()["prefill_rows"] == (3 if share else 9)
+        finally:
+            await eng.close()
+    for a, b in zip(results[True], results[False], strict=True):
+        assert a.output_ids == b.output_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+        ref = forward_logprobs(hf_models[0], a.prompt_ids, a.output_ids)
+        torch.testing.assert_close(torch.tensor(a.logprobs), ref, atol=1e-4, rtol=0)
+    assert len({tuple(r.output_ids) for r in results[True][:4]}) > 1  # the group's samples differ
