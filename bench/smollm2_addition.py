@@ -105,6 +105,9 @@ async def run(args) -> dict:
                 "swap": round(last.get("weight_swap_s", 0.0) / n, 2),
             },
             "peak_rss_gb": {k: round(v, 2) for k, v in rss.items()},
+            # the trainer's own resident memory at steps 10, 50, 100 and the last (flat = no growth)
+            "trainer_rss_gb_at_step": {str(s["step"]): s.get("rss_gb") for s in steps
+                                       if s["step"] in (10, 50, 100) or s is steps[-1]},
             "train_reward_first_last": [steps[0]["reward_mean"], steps[-1]["reward_mean"]] if steps else [],
         })
         res["completions_per_s"] = round(res["completions"] / train_s, 3)

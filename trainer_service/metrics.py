@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import resource
+
 from prometheus_client import Counter, Gauge, Histogram
 
 VERSION = Gauge("jetrl_trainer_version", "Policy version the trainer is at (last published).")
@@ -26,3 +29,15 @@ STAGE_SECONDS = Histogram("jetrl_trainer_stage_seconds", "Seconds per step in ea
 QUEUE_WAIT = Histogram("jetrl_trainer_queue_wait_seconds",
                        "Mean time a step's groups waited in the TRAJECTORIES stream (created_at -> batch).",
                        buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800))
+
+
+def memory_gb() -> dict[str, float]:
+    """This process's resident set now and its peak (VmHWM), in GB, for the step event: a trainer whose
+    memory grows over steps shows it here (Linux; 0.0 where /proc is absent)."""
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = 0
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"rss_gb": round(rss / 1e9, 3), "peak_rss_gb": round(peak_kib * 1024 / 1e9, 3)}

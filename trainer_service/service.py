@@ -245,7 +245,8 @@ class Trainer:
                 "samples": len(items), "groups": len(trained), "dropped_stale_samples": batch.dropped_stale_samples,
                 "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, **stats,
                 "wall_s": wall, "timings": stages, "rollout_timings": rollout,
-                "publish_store_s": self._store_s}  # the last finished write + upload (overlapped or not)
+                "publish_store_s": self._store_s,  # the last finished write + upload (overlapped or not)
+                **metrics.memory_gb()}
         for k, v in stages.items():
             metrics.STAGE_SECONDS.labels(k).observe(v)
         metrics.QUEUE_WAIT.observe(rollout["queue_wait"])

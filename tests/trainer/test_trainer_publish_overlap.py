@@ -97,6 +97,7 @@ async def test_a_version_uploads_while_the_next_step_trains(nats_server, js, nc,
         assert _at(log, "publish_end", v) < _at(log, "checkpoint", v)
     st = steps(evs)
     assert all(s["publish_store_s"] >= 0 for s in st) and st[-1]["publish_store_s"] >= UPLOAD_S
+    assert all(0 < s["rss_gb"] <= s["peak_rss_gb"] for s in st)  # memory reported with every step
     # the loop waited for publishing much less than an upload per step
     assert sum(s["timings"]["publish"] for s in st) < 4 * UPLOAD_S
 
