@@ -39,5 +39,6 @@ def memory_gb() -> dict[str, float]:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         rss = 0
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return {"rss_gb": round(rss / 1e9, 3), "peak_rss_gb": round(peak_kib * 1024 / 1e9, 3)}
+    # KiB on Linux; the kernel updates this high-water mark lazily, so it can trail the current RSS
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss)
+    return {"rss_gb": round(rss / 1e9, 3), "peak_rss_gb": round(peak / 1e9, 3)}
