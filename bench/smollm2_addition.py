@@ -10,9 +10,11 @@ with the local engine, the trainer), enqueues the 2,000 training prompts, trains
 from the moment every service is up) or schedule.total_steps, stops the trainer, then evaluates version
 0 and the last version greedily on the 200 held-out prompts. Prints completions/s and generated tokens/s
 over the training time, seconds per step by stage (trainer: proximal pass, forward, backward, optimizer,
-publish, from its step events; rollout: generate and reward wall time of the groups, fetch + swap of
-weight versions, from the worker's metrics events; the stages of an asynchronous run overlap, so they do
-not add up to the step time), peak RSS of the trainer and the rollout worker (VmHWM), and the accuracy.
+publish, from its step events; rollout: a sample's generate and reward seconds, means over each step's
+samples (the step events' `rollout_timings`), and fetch + swap seconds per weight version (the worker's
+`weights` events); the stages of an asynchronous run overlap, so they do not add up to the step time),
+peak RSS of the trainer and the rollout worker (VmHWM), the trainer's RSS at steps 10, 50, 100 and the
+last (step events' `rss_gb`), and the accuracy.
 Last line: `smollm2_completions_per_s: X`.
 """
 
@@ -80,7 +82,8 @@ async def run(args) -> dict:
         for name in rss:
             c = launcher.sup.children.get(name)
             rss[name] = max(rss[name], peak_rss_gb(c.proc.pid if c and c.proc else None))
-        metrics = [e["data"] for e in await launcher._new_events("metrics") if "group_generate_s" in e["data"]]
+        metrics = [e["data"] for e in await launcher._new_events("metrics") if "generated_tokens" in e["data"]]
+        swaps = [e["data"] for e in await launcher._new_events("weights")]
         await launcher.stop_child("trainer")
         await launcher.stop_child("rollout")
         snap = await launcher.poll()
@@ -93,16 +96,17 @@ async def run(args) -> dict:
             "completions": sum(s["samples"] for s in steps),
             "generated_tokens": int(last.get("generated_tokens", 0)),
             "s_per_step": round(train_s / n, 2),
-            "stage_s_per_step": {
-                "rollout_generate": round(last.get("group_generate_s", 0.0) / n, 2),
-                "rollout_reward": round(last.get("group_reward_s", 0.0) / n, 3),
+            "stage_s": {
+                "rollout_generate_per_sample": round(_mean([s["rollout_timings"]["generate"] for s in steps]), 2),
+                "rollout_reward_per_sample": round(_mean([s["rollout_timings"]["reward"] for s in steps]), 3),
                 # the trainer's stages of each step event (trainer_service/timings.py)
                 **{f"trainer_{k}": round(_mean([s.get("timings", {}).get(k, 0.0) for s in steps]), 2)
                    for k in ("forward", "backward", "optimizer", "train_other")},
                 "trainer_step_total": round(_mean([s.get("step_time_s", 0.0) for s in steps]), 2),
                 "publish": round(_mean([s.get("timings", {}).get("publish", 0.0) for s in steps]), 2),
-                "fetch": round(last.get("weight_fetch_s", 0.0) / n, 2),
-                "swap": round(last.get("weight_swap_s", 0.0) / n, 2),
+                "fetch_per_version": round(_mean([w["fetch_s"] for w in swaps]), 2),
+                "swap_per_version": round(_mean([w["swap_s"] for w in swaps]), 2),
+                "versions_swapped": len(swaps),
             },
             "peak_rss_gb": {k: round(v, 2) for k, v in rss.items()},
             # the trainer's own resident memory at steps 10, 50, 100 and the last (flat = no growth)
@@ -135,9 +139,9 @@ def main() -> None:
     args.overrides.insert(0, "schedule.total_steps=100000")  # the budget ends the run
     res = asyncio.run(run(args))
     print(json.dumps(res, indent=1))
-    st = res["stage_s_per_step"]
+    st = res["stage_s"]
     print(f"training: {res['train_s']} s, {res['steps']} steps, {res['completions']} completions, "
-          f"{res['s_per_step']} s/step; stages per step: " + ", ".join(f"{k} {v}" for k, v in st.items()))
+          f"{res['s_per_step']} s/step; stages (s): " + ", ".join(f"{k} {v}" for k, v in st.items()))
     print(f"peak RSS: trainer {res['peak_rss_gb']['trainer']} GB, rollout {res['peak_rss_gb']['rollout']} GB")
     if "heldout_before" in res:
         print(f"held-out accuracy: {res['heldout_before']:.3f} -> {res['heldout_after']:.3f} "

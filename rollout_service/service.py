@@ -59,7 +59,6 @@ class RolloutWorker:
         self.metrics = RolloutMetrics()
         self.rate = Rate(30.0)
         self.published = 0
-        self.stage_s = {"generate": 0.0, "reward": 0.0}  # summed over published groups (snapshot)
         self.errors = 0
         self.nc = self.js = self.loop = self.follower = self.ctx = self.events = self.agents = None
         self._pending_ids: list[str] = []
@@ -271,9 +270,6 @@ class RolloutWorker:
             log.warning("task %s failed: %s: %s", task.group_id, type(exc).__name__, exc)
             raise
         self.published += 1
-        # Wall seconds of the group's stages (its samples run concurrently: the slowest one's).
-        self.stage_s["generate"] += max((sm.timings.get("generate", 0.0) for sm in samples), default=0.0)
-        self.stage_s["reward"] += max((sm.timings.get("reward", 0.0) for sm in samples), default=0.0)
         self.metrics.published.inc()
         self.metrics.task_seconds.observe(time.monotonic() - t0)
         self._pending_ids.append(task.group_id)
@@ -314,10 +310,6 @@ class RolloutWorker:
             "published": self.published,
             "generated_tokens": s.generated_tokens if s else 0,
             "weight_swaps": self.follower.swaps if self.follower else 0,
-            "weight_fetch_s": round(self.follower.fetch_s, 3) if self.follower else 0.0,
-            "weight_swap_s": round(self.follower.swap_s, 3) if self.follower else 0.0,
-            "group_generate_s": round(self.stage_s["generate"], 3),
-            "group_reward_s": round(self.stage_s["reward"], 3),
         }
 
     def _health(self) -> dict[str, Any]:

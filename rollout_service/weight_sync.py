@@ -45,8 +45,6 @@ class WeightFollower:
         self.latest = -1  # newest announced version seen (-1: none yet)
         self.swaps = 0
         self.fetch_errors = 0
-        self.fetch_s = 0.0  # seconds spent fetching new versions, and loading them into the engine
-        self.swap_s = 0.0
         self.retry_s = retry_s
         self._changed = asyncio.Event()
         self._swapped = asyncio.Event()  # set (and replaced) at every swap
@@ -118,8 +116,6 @@ class WeightFollower:
                         break
                     await self.engine.update_weights(target, path=str(path))
                     t2 = time.perf_counter()
-                    self.fetch_s += t1 - t0
-                    self.swap_s += t2 - t1
                     self.swaps += 1
                     self._swapped.set()
                     self._swapped = asyncio.Event()

@@ -3,6 +3,7 @@ rank 0 saves the full updated state dict (and the step stats) to argv[1]."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -34,6 +35,15 @@ def main(out: str, extra: list[str]) -> None:
     cfg = load_config(JetrlConfig, None, ["trainer.optim.lr=0.01", "trainer.optim.adam_eps=1e-4", "trainer.micro_batch_tokens=32",
                                           "trainer.device=cpu", *extra])
     backend = FSDPBackend(cfg)
+    # JETRL_TEST_CKPT=<dir>:save -> a step, a checkpoint, then the step below; <dir>:resume -> load that
+    # checkpoint, then the step below (a resumed run must end where the uninterrupted one did)
+    ckpt = os.environ.get("JETRL_TEST_CKPT", "")
+    if ckpt.endswith(":save"):
+        train_step(backend, fixed_items()[:3], cfg.trainer)
+        backend.save_checkpoint(ckpt.removesuffix(":save"), {"step": 1})
+    elif ckpt.endswith(":resume"):
+        torch.manual_seed(123)  # the resumed processes' RNG differs until the checkpoint restores it
+        assert backend.load_checkpoint(ckpt.removesuffix(":resume"))["step"] == 1
     stats = train_step(backend, fixed_items(), cfg.trainer)
     sd = backend.full_state_dict()
     if backend.rank == 0:

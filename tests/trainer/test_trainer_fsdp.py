@@ -17,10 +17,11 @@ from shared.tinymodel import build_tiny_model
 HERE = Path(__file__).resolve().parent
 
 
-def _run(nproc: int, out: Path, extra: list[str]) -> dict:
+def _run(nproc: int, out: Path, extra: list[str], ckpt: str = "") -> dict:
+    """fsdp_step_worker.py on `nproc` ranks; `ckpt` = "<dir>:save" or "<dir>:resume" (see the worker)."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             str(HERE / "fsdp_step_worker.py"), str(out), *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]), JETRL_TEST_CKPT=ckpt)
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return torch.load(out, weights_only=False)

@@ -1,5 +1,5 @@
 """trainer.lora on the FSDP backend: only the adapter trains, 2 ranks = 1 process, checkpoints hold only
-the adapter and a resumed run continues exactly."""
+the adapter and a resumed run (1 or 2 ranks) continues exactly."""
 
 from __future__ import annotations
 
@@ -110,6 +110,19 @@ def test_two_rank_fsdp_lora_step_matches_one_process(tmp_path):
         assert_close(two["state"][k], v, rtol=1e-4, atol=2e-5, msg=f"{k} differs between 1 and 2 ranks")
     assert any(torch.count_nonzero(v) for k, v in one["state"].items() if "lora_B" in k)
     assert abs(one["stats"]["loss"] - two["stats"]["loss"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_two_rank_lora_run_resumed_from_its_checkpoint_continues_exactly(tmp_path):
+    ck = tmp_path / "step-1"
+    straight = _run(2, tmp_path / "straight.pt", LORA, ckpt=f"{ck}:save")
+    (ck / checkpoint.COMPLETE).write_text("ok\n")  # save() writes it on rank 0 of a real run
+    resumed = _run(2, tmp_path / "resumed.pt", LORA, ckpt=f"{ck}:resume")
+    assert straight["world"] == resumed["world"] == 2
+    assert set(straight["state"]) == set(resumed["state"]) and len(straight["state"]) == 2 * 3 * 2
+    for k, v in straight["state"].items():
+        assert torch.equal(resumed["state"][k], v), k
+    assert straight["stats"]["loss"] == resumed["stats"]["loss"]
 
 
 @pytest.mark.parametrize("overrides,field", [
