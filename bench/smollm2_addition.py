@@ -1,6 +1,8 @@
 """SmolLM2-135M-Instruct learning the addition task (examples/smollm2_addition.yaml) for a training-time
 budget: speed, memory, and held-out accuracy before and after. The same task and settings as TRL's
-GRPOTrainer row in docs/benchmarks.md ("SmolLM2-135M addition").
+GRPOTrainer row in docs/benchmarks.md ("SmolLM2-135M addition"). `--config
+examples/calculator_agent_smollm2.yaml` runs the calculator agent the same way (docs/benchmarks.md,
+"SmolLM2-135M learns a calculator") and adds the held-out tool-call rate before and after.
 
     jetrl model import-gguf --out jetrl-models/smollm2-135m      # once
     python bench/smollm2_addition.py [--minutes 15] [--out jetrl-bench/smollm2-addition] [key=value ...]
@@ -56,7 +58,7 @@ async def run(args) -> dict:
     from launcher.up import Launcher, UpOptions
     from shared.config import JetrlConfig, load_config
 
-    run_name = f"smollm2-addition-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_name = f"{Path(args.config).stem.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
     overrides = [f"run={run_name}", "eval.eval_every=0", *args.overrides]
     cfg = load_config(JetrlConfig, str(args.config), overrides)
     out = Path(args.out).resolve() / run_name
@@ -118,11 +120,16 @@ async def run(args) -> dict:
         res["generated_tokens_per_s"] = round(res["generated_tokens"] / train_s, 2)
         print("speed (before the held-out evaluations): " + json.dumps(res), flush=True)
         if not args.no_eval:
-            acc = {}
+            acc, mean, tools = {}, {}, {}
             for v in sorted({0, final}):
                 r = await eval_version(launcher, heldout, v)
-                acc[v] = r.event_data()["reward"]
+                # accuracy: the share solved (reward >= eval.success_reward); the mean reward differs from it
+                # only where the reward gives partial credit (the calculator agent's)
+                acc[v], mean[v], tools[v] = r.pass_at_1, r.reward, r.tool_call_rate
             res["heldout_before"], res["heldout_after"] = acc[0], acc[final]
+            res["heldout_reward_before"], res["heldout_reward_after"] = mean[0], mean[final]
+            if tools[0] is not None:  # an agent workflow: the share of held-out episodes with a tool call
+                res["tool_call_rate_before"], res["tool_call_rate_after"] = tools[0], tools[final]
     finally:
         await launcher.stop()
     return res
@@ -146,6 +153,8 @@ def main() -> None:
     if "heldout_before" in res:
         print(f"held-out accuracy: {res['heldout_before']:.3f} -> {res['heldout_after']:.3f} "
               f"(version 0 -> {res['final_version']})")
+    if "tool_call_rate_before" in res:
+        print(f"held-out tool-call rate: {res['tool_call_rate_before']:.3f} -> {res['tool_call_rate_after']:.3f}")
     print(f"smollm2_tokens_per_s: {res['generated_tokens_per_s']}")
     print(f"smollm2_completions_per_s: {res['completions_per_s']}")
 

@@ -1,7 +1,9 @@
 """The evaluator: generate and score held-out prompts with one engine and one reward client (the NATS
 RewardClient or the in-process LocalRewardClient: same `score`), swapping versions in from the weight
 store (version 0 = the engine's initial weights, which are the trainer's version 0). A LoRA version is
-applied on the engine's base model (`model.*`) only when it is the adapter's base (BaseMismatch otherwise)."""
+applied on the engine's base model (`model.*`) only when it is the adapter's base (BaseMismatch otherwise).
+With `rollout.workflow: agent` each row is run as agent episodes through an endpoint this process serves
+(evaluation/agent.py; `start()` before and `close()` after evaluating)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,20 @@ class Evaluator:
         self.cfg, self.ecfg = cfg, ecfg
         self.engine, self.reward, self.weights = engine, reward, weights
         self.ctx = WorkflowContext(engine=engine, tokenizer=tokenizer, reward=reward, tools=None, cfg=cfg)
+        self.agent = None
+        if cfg.rollout.workflow == "agent":
+            from rollout_service.evaluation.agent import AgentEpisodes
+
+            self.agent = AgentEpisodes(cfg, ecfg, engine, tokenizer, reward)
+
+    async def start(self, nc=None) -> None:
+        """Serve the agent endpoint (agent workflows only; `nc` for agent services)."""
+        if self.agent is not None:
+            await self.agent.start(nc)
+
+    async def close(self) -> None:
+        if self.agent is not None:
+            await self.agent.close()
 
     def sampling(self, index: int) -> SamplingParams:
         s = self.cfg.rollout.sampling
@@ -47,8 +63,10 @@ class Evaluator:
         await asyncio.to_thread(check_version_base, path, self.cfg.model)
         await self.engine.update_weights(version, path=str(path))
 
-    async def _one(self, payload: dict, sem: asyncio.Semaphore) -> tuple[list[float], int, list[str]]:
+    async def _one(self, payload: dict, sem: asyncio.Semaphore, index: int) -> tuple[list[float], int, list[str]]:
         async with sem:
+            if self.agent is not None:
+                return await self.agent.one(payload, index)
             prompt = self.ctx.render_prompt(payload)
             outs = await asyncio.gather(*(self.engine.generate(GenerateRequest(prompt_ids=prompt, sampling=self.sampling(i)))
                                           for i in range(self.ecfg.samples)))
@@ -64,10 +82,15 @@ class Evaluator:
         version = self.engine.version
         t0 = time.monotonic()
         sem = asyncio.Semaphore(self.ecfg.concurrency)
-        results = await asyncio.gather(*(self._one(r, sem) for r in rows))
+        if self.agent is not None:
+            self.agent.episodes = self.agent.tool_episodes = self.agent.calls = 0
+        results = await asyncio.gather(*(self._one(r, sem, i) for i, r in enumerate(rows)))
         if self.engine.version != version:
             raise RuntimeError(f"the engine changed version during evaluation ({version} -> {self.engine.version})")
         result = summarise(version, [r for r, _, _ in results], self.ecfg.success_reward,
                            errors=sum(e for _, e, _ in results), dataset=dataset, seconds=time.monotonic() - t0)
         result.completions = [t for _, _, t in results]
+        if self.agent is not None and self.agent.episodes:
+            result.tool_call_rate = self.agent.tool_episodes / self.agent.episodes
+            result.calls_per_episode = self.agent.calls / self.agent.episodes
         return result

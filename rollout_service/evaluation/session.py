@@ -72,10 +72,11 @@ class EvalSession:
         tokenizer = getattr(self.engine, "tokenizer", None) or load_tokenizer(cfg.model.tokenizer or cfg.model.path)
         self.weights = WeightStoreClient(cfg.weights)
         self.evaluator = Evaluator(cfg, self.ecfg, self.engine, tokenizer, self.reward, self.weights)
+        await self.evaluator.start(self.nc)
         return self
 
     async def __aexit__(self, *exc) -> None:
-        for closer in (self.engine.close if self.engine else None, self.weights.close if self.weights else None,
+        for closer in (self.evaluator.close if self.evaluator else None, self.engine.close if self.engine else None, self.weights.close if self.weights else None,
                        self.reward.close if self.reward else None):
             if closer is not None:
                 with contextlib.suppress(Exception):
