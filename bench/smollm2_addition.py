@@ -16,7 +16,7 @@ publish, from its step events; rollout: a sample's generate and reward seconds, 
 samples (the step events' `rollout_timings`), and fetch + swap seconds per weight version (the worker's
 `weights` events); the stages of an asynchronous run overlap, so they do not add up to the step time),
 peak RSS of the trainer and the rollout worker (VmHWM), the trainer's RSS at steps 10, 50, 100 and the
-last (step events' `rss_gb`), and the accuracy.
+last (step events' `rss_gb`), and the accuracy; writes summary.json and the demo's plots into the run dir.
 Last line: `smollm2_completions_per_s: X`.
 """
 
@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def _mean(xs: list[float]) -> float:
 
 async def run(args) -> dict:
     from launcher.demo import eval_version
+    from launcher.demo_report import staleness_hist, write_outputs
     from launcher.up import Launcher, UpOptions
     from shared.config import JetrlConfig, load_config
 
@@ -72,7 +74,11 @@ async def run(args) -> dict:
                                shuffle_seed=cfg.launch.shuffle_seed)
         deadline = t0 + args.minutes * 60
         rss = {"trainer": 0.0, "rollout": 0.0}
-        while time.monotonic() < deadline:
+        # Ctrl-C or SIGTERM ends the training budget early; the run is still measured, evaluated and stopped
+        early = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, early.set)
+        while time.monotonic() < deadline and not early.is_set():
             snap = await launcher.poll()
             for name in rss:
                 c = launcher.sup.children.get(name)
@@ -81,6 +87,9 @@ async def run(args) -> dict:
                 break
             await asyncio.sleep(2.0)
         train_s = time.monotonic() - t0
+        res["ended_early"] = early.is_set()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C interrupts as usual
+            asyncio.get_running_loop().remove_signal_handler(sig)
         for name in rss:
             c = launcher.sup.children.get(name)
             rss[name] = max(rss[name], peak_rss_gb(c.proc.pid if c and c.proc else None))
@@ -130,6 +139,14 @@ async def run(args) -> dict:
             res["heldout_reward_before"], res["heldout_reward_after"] = mean[0], mean[final]
             if tools[0] is not None:  # an agent workflow: the share of held-out episodes with a tool call
                 res["tool_call_rate_before"], res["tool_call_rate_after"] = tools[0], tools[final]
+        # summary.json and the demo's plots (held-out before/after with the training reward per version,
+        # staleness of trained samples, throughput) in the run dir
+        summary = {**res, "task": Path(args.config).stem, "target": args.target,
+                   "max_staleness": cfg.schedule.max_staleness, "staleness_hist": staleness_hist(steps),
+                   "samples_per_s": res["completions_per_s"],
+                   "heldout_curve": [[0, res["heldout_before"]], [final, res["heldout_after"]]]
+                   if "heldout_before" in res else []}
+        res["outputs"] = [str(p) for p in write_outputs(out, summary, steps, [])] + [str(out / "summary.json")]
     finally:
         await launcher.stop()
     return res
@@ -141,6 +158,7 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=15.0, help="Training-time budget (from all services up).")
     p.add_argument("--out", default="jetrl-bench/smollm2-addition", help="Run dirs (logs, state) go here.")
     p.add_argument("--no-eval", action="store_true", help="Skip the held-out evaluations (speed only).")
+    p.add_argument("--target", type=float, default=0.45, help="The held-out accuracy bar drawn on the plot.")
     p.add_argument("overrides", nargs="*", help="Config overrides key=value (e.g. launch.torch_threads=2).")
     args = p.parse_args()
     args.overrides.insert(0, "schedule.total_steps=100000")  # the budget ends the run
