@@ -13,9 +13,10 @@ reward_service/scorers/addition.py: reward 1.0 when the first integer in the com
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from pathlib import Path
+
+from launcher.demo_task import write_split
 
 LIMIT = 50  # A and B in 0..LIMIT-1
 HELDOUT = 200
@@ -45,13 +46,7 @@ def split(seed: int = SEED) -> tuple[list[dict], list[dict]]:
 
 def write(out: str | Path, seed: int = SEED) -> dict[str, Path]:
     """Write train.jsonl and heldout.jsonl (one JSON object per line) under `out`; returns their paths."""
-    d = Path(out)
-    d.mkdir(parents=True, exist_ok=True)
-    train, heldout = split(seed)
-    paths = {"train": d / "train.jsonl", "heldout": d / "heldout.jsonl"}
-    for name, rows in (("train", train), ("heldout", heldout)):
-        paths[name].write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return paths
+    return write_split(out, *split(seed))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -105,6 +105,12 @@ def write_jsonl(rows: list[dict], path: str | Path) -> Path:
     return p
 
 
+def write_split(out: str | Path, train: list[dict], heldout: list[dict]) -> dict[str, Path]:
+    """`out`/train.jsonl and `out`/heldout.jsonl; returns {"train": path, "heldout": path}."""
+    d = Path(out)
+    return {"train": write_jsonl(train, d / "train.jsonl"), "heldout": write_jsonl(heldout, d / "heldout.jsonl")}
+
+
 def write_dataset(out_dir: str | Path, train: int = 4000, heldout: int = 200, seed: int = 0,
                   task: str = "maxdigit") -> tuple[Path, Path]:
     """Write `train.jsonl` and `heldout.jsonl` of `task` into `out_dir`, each drawn with replacement from its

@@ -9,9 +9,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from pathlib import Path
+
+from launcher.demo_task import write_split
 
 HELDOUT, TRAIN, SEED = 200, 2000, 0
 
@@ -33,13 +34,8 @@ def split(seed: int = SEED) -> tuple[list[dict], list[dict]]:
 
 
 def write(out: str | Path, seed: int = SEED) -> dict[str, Path]:
-    d = Path(out)
-    d.mkdir(parents=True, exist_ok=True)
-    train, heldout = split(seed)
-    paths = {"train": d / "train.jsonl", "heldout": d / "heldout.jsonl"}
-    for name, rows in (("train", train), ("heldout", heldout)):
-        paths[name].write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return paths
+    """train.jsonl and heldout.jsonl under `out`; returns their paths."""
+    return write_split(out, *split(seed))
 
 
 if __name__ == "__main__":
