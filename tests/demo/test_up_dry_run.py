@@ -51,7 +51,19 @@ def test_metrics_ports_are_fixed_by_default_and_move_only_when_taken(tmp_path):
                                                                 reward_replicas=2))
         return s, r.telemetry
 
-    free_base = 30000 + (hash(str(tmp_path)) % 300) * 100
+    def bindable(port):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                return False
+
+    # A block below the kernel's ephemeral range (32768-60999 here: any outgoing connection may hold a port
+    # there; CI once found 51020 taken) whose five ports are free now.
+    start = hash(str(tmp_path)) % 120
+    free_base = next(b for k in range(120) if all(bindable((b := 20000 + ((start + k) % 120) * 100) + off)
+                                                   for off in (1, 10, 11, 20, 21)))
     s, tel = specs(f"run: mp\ntelemetry: {{metrics_base_port: {free_base}}}\n")
     ports = assign_metrics_ports(s, tel)
     b = free_base
