@@ -82,3 +82,21 @@ async def test_one_customer_service_episode_end_to_end_through_the_endpoint():
     (sample,) = episode_samples(session.calls, reward)
     masked = tok.decode(sample.tokens[sample.loss_mask == 0].tolist(), skip_special_tokens=False)
     assert "order A1 refunded" in masked and "Thanks, that is all." in masked  # tool result, customer: masked
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "examples.agents.customer_service.data"],  # as its README and configs say (it imports examples.*)
+    ["examples/agents/search/data.py"],
+    ["examples/agents/calculator/data.py"],
+])
+def test_the_documented_data_commands_run_from_the_repository_root(argv, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, *argv, "--out", str(tmp_path / "data")], cwd=root, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "data" / "train.jsonl").stat().st_size > 0
+    assert (tmp_path / "data" / "heldout.jsonl").stat().st_size > 0

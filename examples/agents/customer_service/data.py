@@ -1,7 +1,7 @@
 """Generated customer-service tasks (synthetic: no third-party data). Each task: a customer's orders, the
 request they make about one of them, and what the policy requires the final statuses to be.
 
-    python examples/agents/customer_service/data.py --out cs-data     # train.jsonl, heldout.jsonl
+    python -m examples.agents.customer_service.data --out cs-data     # train.jsonl, heldout.jsonl
 """
 
 from __future__ import annotations
