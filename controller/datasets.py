@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.jsonl import row_metadata
+
 PROMPT_CANDIDATES = ("prompt", "question", "problem", "input", "query", "instruction")
 MESSAGES_CANDIDATES = ("messages", "conversation", "chat")
 REFERENCE_CANDIDATES = ("reference", "answer", "solution", "target", "label", "output")
@@ -40,7 +42,8 @@ class FieldMapping(BaseModel):
         max_length=200,
     )
     metadata: list[str] | None = Field(
-        None, description="Columns copied into payload.metadata (unset = every other column).", max_length=1000
+        None, description="Columns copied into payload.metadata (unset = every other column); a column named "
+        "'metadata' holding an object gives its keys (shared/jsonl.py:row_metadata).", max_length=1000
     )
 
 
@@ -281,10 +284,7 @@ def to_payload(row: dict, m: FieldMapping) -> tuple[dict | None, tuple[str, str]
         if not isinstance(v, (str, int, float, bool, list, dict)):
             return None, (m.reference, f"reference field {m.reference!r} has unsupported type {_type_name(v)}")
         payload["reference"] = _jsonable(v)
-    meta = {}
-    for c in m.metadata or []:
-        if c in row:
-            meta[c] = _jsonable(row[c])
+    meta = {k: _jsonable(v) for k, v in row_metadata(row, m.metadata or []).items()}
     if meta:
         payload["metadata"] = meta
     return payload, None

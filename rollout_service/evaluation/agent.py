@@ -5,11 +5,12 @@ sampling is the eval's (greedy unless `eval.greedy: false`; an agent that sets t
 overrides it). An episode's reward is what the agent returned or POSTed, else the reward service's score of
 its final answer, as in training (rollout_service/workflows/agent.py). Beside the reward it counts the
 episodes in which the model made at least one tool call (`tool_call_rate`) and the model calls per episode.
-An episode that fails scores 0 and counts as an error."""
+An episode that fails scores 0 and counts as an error; its reason is logged (warning, logger jetrl.eval)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from rollout_service.agents.session import EpisodeError
 from rollout_service.tools import ToolRegistry
@@ -18,6 +19,8 @@ from rollout_service.workflows.base import WorkflowContext
 from shared.config import JetrlConfig
 from shared.config.eval import EvalConfig
 from shared.messages import PromptTask
+
+log = logging.getLogger("jetrl.eval")
 
 
 def eval_sampling_config(cfg: JetrlConfig, ecfg: EvalConfig) -> JetrlConfig:
@@ -76,6 +79,9 @@ class AgentEpisodes:
         for o in outcomes:
             if isinstance(o, BaseException) and not isinstance(o, EpisodeError):
                 raise o
+        for i, o in enumerate(outcomes):
+            if isinstance(o, EpisodeError):  # scored 0 and counted as an error; the reason goes to the log
+                log.warning("row %d, episode %d failed: %s", index, i, o)
         answers = [s.final_answer() for s in sessions]
         rewards = [0.0 if isinstance(o, BaseException) else o for o in outcomes]
         unscored = [i for i, r in enumerate(rewards) if r is None]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.config.eval import EvalConfig
-from shared.jsonl import json_objects
+from shared.jsonl import json_objects, row_metadata
 
 PROMPT_FIELDS = ("prompt", "question", "problem", "input")
 REFERENCE_FIELDS = ("reference", "answer", "solution", "target")
@@ -40,7 +40,7 @@ def read_rows(path: str | Path, ecfg: EvalConfig) -> list[dict]:
             prompt_key = _pick(row, ecfg.prompt_field, PROMPT_FIELDS, "prompt", where)
             payload = {"prompt": str(row[prompt_key])}
         payload["reference"] = row[ref_key]
-        payload["metadata"] = {k: v for k, v in row.items() if k not in (ref_key, prompt_key)}
+        payload["metadata"] = row_metadata(row, [k for k in row if k not in (ref_key, prompt_key)])
         rows.append(payload)
         if ecfg.limit and len(rows) >= ecfg.limit:
             break

@@ -37,6 +37,15 @@ def test_chat_messages_mapping_and_explicit_columns(tmp_path):
     assert payload == {"messages": [{"role": "user", "content": "max 1 2 ="}], "reference": 2, "metadata": {"src": "x"}}
 
 
+def test_a_rows_metadata_object_is_the_payloads_metadata(tmp_path):
+    # the search and customer-service agents' data: {"prompt", "reference", "metadata": {...}}; an agent reads
+    # task["metadata"]["corpus"] (it was nested one level deeper, and every episode failed with KeyError)
+    rows = [{"prompt": "q", "reference": "a", "metadata": {"corpus": "/c.jsonl", "hop": 1}, "hop": 2}]
+    n = norm_jsonl(write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "out")
+    payload = ds.DatasetReader(n.path).payload(0)
+    assert payload["metadata"] == {"corpus": "/c.jsonl", "hop": 2}  # a column of its own wins over the object's key
+
+
 def test_broken_json_line_is_reported_with_its_line_number(tmp_path):
     p = tmp_path / "b.jsonl"
     p.write_text('{"prompt": "a", "reference": "1"}\n\n{"prompt": "b", "reference": \n{"prompt": "c", "reference": "3"}\n')

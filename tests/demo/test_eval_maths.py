@@ -38,6 +38,15 @@ def test_read_rows_maps_gsm8k_fields_and_names_the_bad_line(tmp_path):
     assert rows == [{"prompt": "1+1?", "reference": "#### 2", "metadata": {}}]
 
 
+def test_read_rows_takes_a_rows_metadata_object_as_the_metadata(tmp_path):
+    p = tmp_path / "h.jsonl"
+    p.write_text('{"prompt": "q", "reference": "a", "metadata": {"corpus": "/c.jsonl"}, "src": "x"}\n'
+                 '{"prompt": "r", "reference": "b", "metadata": "plain text"}\n')
+    rows = read_rows(p, EvalConfig())
+    assert rows[0]["metadata"] == {"corpus": "/c.jsonl", "src": "x"}
+    assert rows[1]["metadata"] == {"metadata": "plain text"}  # not an object: a key like any other column
+
+
 def test_greedy_with_several_samples_is_a_config_error():
     with pytest.raises(ValueError, match="eval.greedy"):
         EvalConfig(samples=4, greedy=True)
