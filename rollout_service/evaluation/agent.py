@@ -9,12 +9,11 @@ An episode that fails scores 0 and counts as an error; its reason is logged (war
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from rollout_service.agents.session import EpisodeError
 from rollout_service.tools import ToolRegistry
-from rollout_service.workflows.agent import AgentWorkflow
+from rollout_service.workflows.agent import AgentWorkflow, score_unscored
 from rollout_service.workflows.base import WorkflowContext
 from shared.config import JetrlConfig
 from shared.config.eval import EvalConfig
@@ -43,7 +42,8 @@ def used_tools(calls) -> bool:
 
 class AgentEpisodes:
     """The agent side of the Evaluator: start() serves the endpoint, one(payload, index) runs a row's
-    episodes, close() stops it. Counts tool-using episodes and calls in `tool_episodes`, `calls`, `episodes`."""
+    episodes (AgentWorkflow.play, as in training), close() stops it. `tool_use()` sums the rows run since
+    `reset()`."""
 
     def __init__(self, cfg: JetrlConfig, ecfg: EvalConfig, engine, tokenizer, reward):
         from rollout_service.agents.server import AgentServer
@@ -54,7 +54,16 @@ class AgentEpisodes:
                                    cfg=self.cfg)
         self.workflow = AgentWorkflow(**dict(cfg.rollout.workflow_args))
         self.server = self.ctx.agents = AgentServer(self.ctx)
+        self.reset()
+
+    def reset(self) -> None:
         self.episodes = self.tool_episodes = self.calls = 0
+
+    def tool_use(self) -> tuple[float, float] | None:
+        """(share of episodes with a tool call, model calls per episode) since reset(); None before any."""
+        if not self.episodes:
+            return None
+        return self.tool_episodes / self.episodes, self.calls / self.episodes
 
     async def start(self, nc=None) -> None:
         self.server.nc = nc  # an agent service (workflow_args.service) takes episodes over NATS
@@ -65,33 +74,20 @@ class AgentEpisodes:
         await self.server.close()
 
     async def one(self, payload: dict, index: int) -> tuple[list[float], int, list[str]]:
-        """(rewards, failed episodes, final answers) of one row's `eval.samples` episodes."""
+        """(rewards, failed episodes and failed scores, final answers) of one row's `eval.samples` episodes."""
         task = PromptTask(run=self.cfg.run, prompt_id=f"eval-{index}", epoch=0, payload=payload,
                           group_size=self.ecfg.samples)
-        store = self.server.store
-        sessions = [store.open(task, i) for i in range(self.ecfg.samples)]
-        try:
-            outcomes = await asyncio.gather(*(self.workflow.episode(self.ctx, s) for s in sessions),
-                                            return_exceptions=True)
-        finally:
-            for s in sessions:
-                store.close(s)
-        for o in outcomes:
+        sessions, outcomes = await self.workflow.play(self.ctx, task)
+        rewards: list[float | None] = []
+        for i, o in enumerate(outcomes):
             if isinstance(o, BaseException) and not isinstance(o, EpisodeError):
                 raise o
-        for i, o in enumerate(outcomes):
             if isinstance(o, EpisodeError):  # scored 0 and counted as an error; the reason goes to the log
                 log.warning("row %d, episode %d failed: %s", index, i, o)
-        answers = [s.final_answer() for s in sessions]
-        rewards = [0.0 if isinstance(o, BaseException) else o for o in outcomes]
-        unscored = [i for i, r in enumerate(rewards) if r is None]
-        errors = sum(isinstance(o, BaseException) for o in outcomes)
-        if unscored:
-            rr = await self.ctx.score(task, [answers[i] for i in unscored])
-            for j, i in enumerate(unscored):
-                rewards[i] = rr.rewards[j]
-            errors += sum(1 for e in (rr.errors or []) if e)
+            rewards.append(0.0 if isinstance(o, EpisodeError) else o)
+        metrics = await score_unscored(self.ctx, task, sessions, rewards)
+        errors = sum(isinstance(o, EpisodeError) for o in outcomes) + sum("reward_error" in m for m in metrics)
         self.episodes += len(sessions)
         self.tool_episodes += sum(used_tools(s.calls) for s in sessions)
         self.calls += sum(len(s.calls) for s in sessions)
-        return [float(r) for r in rewards], errors, answers
+        return [float(r) for r in rewards], errors, [s.final_answer() for s in sessions]

@@ -83,14 +83,13 @@ class Evaluator:
         t0 = time.monotonic()
         sem = asyncio.Semaphore(self.ecfg.concurrency)
         if self.agent is not None:
-            self.agent.episodes = self.agent.tool_episodes = self.agent.calls = 0
+            self.agent.reset()
         results = await asyncio.gather(*(self._one(r, sem, i) for i, r in enumerate(rows)))
         if self.engine.version != version:
             raise RuntimeError(f"the engine changed version during evaluation ({version} -> {self.engine.version})")
         result = summarise(version, [r for r, _, _ in results], self.ecfg.success_reward,
                            errors=sum(e for _, e, _ in results), dataset=dataset, seconds=time.monotonic() - t0)
         result.completions = [t for _, _, t in results]
-        if self.agent is not None and self.agent.episodes:
-            result.tool_call_rate = self.agent.tool_episodes / self.agent.episodes
-            result.calls_per_episode = self.agent.calls / self.agent.episodes
+        if self.agent is not None and (use := self.agent.tool_use()) is not None:
+            result.tool_call_rate, result.calls_per_episode = use
         return result

@@ -76,8 +76,8 @@ class EvalSession:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        for closer in (self.evaluator.close if self.evaluator else None, self.engine.close if self.engine else None, self.weights.close if self.weights else None,
-                       self.reward.close if self.reward else None):
+        for closer in (self.evaluator.close if self.evaluator else None, self.engine.close if self.engine else None,
+                       self.weights.close if self.weights else None, self.reward.close if self.reward else None):
             if closer is not None:
                 with contextlib.suppress(Exception):
                     await closer()

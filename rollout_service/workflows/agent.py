@@ -49,6 +49,31 @@ class AgentWorkflow(Workflow):
             self.runner, self.what = None, f"service {service}"  # needs the run id: built at the first task
 
     async def run(self, ctx: WorkflowContext, task: PromptTask) -> list[Sample]:
+        sessions, outcomes = await self.play(ctx, task)
+        failures = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        if failures:
+            i, exc = failures[0]
+            if not isinstance(exc, EpisodeError):
+                raise exc
+            reason = f"agent ({self.what}) episode {i} of {task.group_id}: {exc}"
+            if len(failures) > 1:
+                reason += f" (and {len(failures) - 1} more failed episode(s))"
+            raise AgentFailed(reason) if ctx.cfg.rollout.agent.retry_failed else bus.Reject(reason)
+        rewards: list[float | None] = list(outcomes)
+        metrics = await score_unscored(ctx, task, sessions, rewards)
+        samples = []
+        for s, r, m in zip(sessions, rewards, metrics, strict=False):
+            for sample in episode_samples(s.calls, float(r)):
+                sample.metrics.update(m)
+                sample.metrics.update({"episode": s.index, "episode_calls": len(s.calls),
+                                       "reward_source": "agent" if m == {} else "reward_service"})
+                samples.append(sample)
+        return samples
+
+    async def play(self, ctx: WorkflowContext, task: PromptTask) -> tuple[list[Session], list]:
+        """Run the agent in `task.group_size` sessions of `task` on ctx.agents (the endpoint); the sessions
+        (closed, their calls kept) and each one's outcome: its reward, None when the agent gave none, or the
+        exception it failed with (EpisodeError for an agent's failure). `run` and `jetrl eval` share it."""
         if ctx.agents is None:
             raise RuntimeError("the agent workflow needs the worker's OpenAI-compatible endpoint (ctx.agents)")
         if self.runner is None:
@@ -62,32 +87,7 @@ class AgentWorkflow(Workflow):
         finally:
             for s in sessions:
                 store.close(s)
-        failures = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
-        if failures:
-            i, exc = failures[0]
-            if not isinstance(exc, EpisodeError):
-                raise exc
-            reason = f"agent ({self.what}) episode {i} of {task.group_id}: {exc}"
-            if len(failures) > 1:
-                reason += f" (and {len(failures) - 1} more failed episode(s))"
-            raise AgentFailed(reason) if ctx.cfg.rollout.agent.retry_failed else bus.Reject(reason)
-        rewards: list[float | None] = list(outcomes)
-        metrics: list[dict] = [{} for _ in sessions]
-        unscored = [i for i, r in enumerate(rewards) if r is None]
-        if unscored:
-            t0 = time.monotonic()
-            rr = await ctx.score(task, [sessions[i].final_answer() for i in unscored])
-            for j, i in enumerate(unscored):
-                rewards[i] = rr.rewards[j]
-                metrics[i] = reward_metrics(rr, j) | {"reward_s": time.monotonic() - t0}
-        samples = []
-        for s, r, m in zip(sessions, rewards, metrics, strict=False):
-            for sample in episode_samples(s.calls, float(r)):
-                sample.metrics.update(m)
-                sample.metrics.update({"episode": s.index, "episode_calls": len(s.calls),
-                                       "reward_source": "agent" if m == {} else "reward_service"})
-                samples.append(sample)
-        return samples
+        return sessions, list(outcomes)
 
     async def close(self) -> None:
         """Release what the runner holds (the entry runner's connection pool); the worker calls it at exit."""
@@ -115,3 +115,19 @@ class AgentWorkflow(Workflow):
         if not session.calls:
             raise EpisodeError("ended without a single model call (nothing to train on)")
         return returned if returned is not None else session.reward
+
+
+async def score_unscored(ctx: WorkflowContext, task: PromptTask, sessions: list[Session],
+                         rewards: list[float | None]) -> list[dict]:
+    """Fill in place each None of `rewards` with the reward service's score of its session's final answer;
+    each episode's reward metrics (reward_metrics, with `reward_error` where scoring failed, and reward_s;
+    {} for a reward the agent gave)."""
+    metrics: list[dict] = [{} for _ in sessions]
+    unscored = [i for i, r in enumerate(rewards) if r is None]
+    if unscored:
+        t0 = time.monotonic()
+        rr = await ctx.score(task, [sessions[i].final_answer() for i in unscored])
+        for j, i in enumerate(unscored):
+            rewards[i] = rr.rewards[j]
+            metrics[i] = reward_metrics(rr, j) | {"reward_s": time.monotonic() - t0}
+    return metrics
