@@ -8,6 +8,9 @@ a WeightPublisher, which makes it version v and announces it in the weights KV (
   tokenizer) and announces it with a file:// manifest url (single host, tests), through the same
   weight_store.announce.announce.
 Both write a Hugging Face model dir, so `from_pretrained` (and the rollout engines) load any version;
+the trainer writes it once (`stage_version`) and drops the state dict before the upload, so the
+snapshot of the weights does not stay in memory while the next step trains (trainer.publish_overlap)
+and a retried publish re-sends the same files;
 with `trainer.lora` they write a PEFT adapter dir instead (only the adapter's bytes travel) and mark
 the version `kind: lora` on the run's base model (trainer_service/lora.py, weight_store/manifest.py).
 What to retry is the trainer's call (`retryable_publish_error`; Trainer._publish retries with back-off).
@@ -19,8 +22,10 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,15 +37,50 @@ from weight_store.manifest import MANIFEST
 
 log = logging.getLogger("jetrl.trainer.publish")
 
-__all__ = ["DirectoryPublisher", "StorePublisher", "VersionConflict", "VersionTakenError", "WeightPublisher",
-           "make_publisher", "retryable_publish_error", "write_hf_dir", "write_version_dir"]
+__all__ = ["DirectoryPublisher", "StagedVersion", "StorePublisher", "VersionConflict", "VersionTakenError", "WeightPublisher",
+           "make_publisher", "retryable_publish_error", "stage_version", "write_hf_dir", "write_version_dir"]
 
 
 class WeightPublisher(Protocol):
+    staging_root: Path | None  # where stage_version writes for this publisher (None: the system temp dir)
+
     async def latest(self) -> WeightVersion | None: ...
-    async def publish(self, version: int, step: int, state_dict: dict, hf_config: Any, tokenizer: Any,
+    async def publish(self, version: int, step: int, state: dict | StagedVersion, hf_config: Any, tokenizer: Any,
                       metadata: dict | None = None) -> WeightVersion: ...
     async def close(self) -> None: ...
+
+
+@dataclass
+class StagedVersion:
+    """A version's files, written once by `stage_version` to `path`; `adapter` is the manifest's
+    adapter object with trainer.lora, else None. The owner removes it with `discard()`."""
+
+    path: Path
+    adapter: dict | None
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def stage_version(cfg: JetrlConfig, state_dict: dict, hf_config: Any, tokenizer: Any,
+                  parent: Path | None = None) -> StagedVersion:
+    """Write a version's files into a new temporary dir under `parent` (blocking: run it in a thread)."""
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=".staged-", dir=parent))
+    try:
+        return StagedVersion(path, write_version_dir(path, cfg, state_dict, hf_config, tokenizer))
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+async def _staged(cfg: JetrlConfig, state: dict | StagedVersion, hf_config: Any, tokenizer: Any,
+                  parent: Path | None) -> tuple[StagedVersion, bool]:
+    """`state` as files: (staged version, whether this call wrote it and so must discard it)."""
+    if isinstance(state, StagedVersion):
+        return state, False
+    return await asyncio.to_thread(stage_version, cfg, state, hf_config, tokenizer, parent), True
 
 
 def write_version_dir(out: Path, cfg: JetrlConfig, state_dict: dict, hf_config: Any, tokenizer: Any) -> dict | None:
@@ -96,17 +136,19 @@ class DirectoryPublisher:
     def __init__(self, cfg: JetrlConfig, js):
         self.cfg, self.js = cfg, js
         self.root = Path(cfg.trainer.publish_dir) / cfg.run
+        self.staging_root = self.root  # staged files hard-link into the version dir (same filesystem)
 
     async def latest(self) -> WeightVersion | None:
         return await latest(self.js, self.cfg.run)
 
-    async def publish(self, version, step, state_dict, hf_config, tokenizer, metadata=None) -> WeightVersion:
+    async def publish(self, version, step, state, hf_config, tokenizer, metadata=None) -> WeightVersion:
         final = self.root / f"v{version:08d}"
         tmp = self.root / f".v{version:08d}.tmp"
+        staged, own = await _staged(self.cfg, state, hf_config, tokenizer, self.staging_root)
 
         def write() -> list[dict]:
             shutil.rmtree(tmp, ignore_errors=True)
-            adapter = write_version_dir(tmp, self.cfg, state_dict, hf_config, tokenizer)
+            shutil.copytree(staged.path, tmp, copy_function=_link_or_copy)
             files = []
             for p in sorted(tmp.rglob("*")):
                 if p.is_file():
@@ -114,14 +156,18 @@ class DirectoryPublisher:
                                   "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
             manifest = {"run": self.cfg.run, "version": version, "step": step, "files": files,
                         "metadata": metadata or {}}
-            if adapter is not None:
-                manifest.update(kind="lora", adapter=adapter)
+            if staged.adapter is not None:
+                manifest.update(kind="lora", adapter=staged.adapter)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             return files
 
-        files = await asyncio.to_thread(write)
+        try:
+            files = await asyncio.to_thread(write)
+        finally:
+            if own:
+                staged.discard()
         sha = hashlib.sha256((final / MANIFEST).read_bytes()).hexdigest()
         wv = WeightVersion(run=self.cfg.run, version=version, step=step, files=files, sha256=sha,
                            manifest_url=(final / MANIFEST).resolve().as_uri())
@@ -132,21 +178,32 @@ class DirectoryPublisher:
         return None
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 class StorePublisher:
     """The weight store: one WeightStoreClient.publish_version call per version."""
 
     def __init__(self, cfg: JetrlConfig, js):
         self.cfg, self.js = cfg, js
         self.client = WeightStoreClient(cfg.weights)
+        self.staging_root: Path | None = None
 
     async def latest(self) -> WeightVersion | None:
         return await latest(self.js, self.cfg.run)
 
-    async def publish(self, version, step, state_dict, hf_config, tokenizer, metadata=None) -> WeightVersion:
-        with tempfile.TemporaryDirectory(prefix=f"jetrl-publish-v{version}-") as d:
-            adapter = await asyncio.to_thread(write_version_dir, Path(d), self.cfg, state_dict, hf_config, tokenizer)
-            return await self.client.publish_version(self.js, self.cfg.run, version, Path(d), step=step,
-                                                     metadata=metadata, adapter=adapter)
+    async def publish(self, version, step, state, hf_config, tokenizer, metadata=None) -> WeightVersion:
+        staged, own = await _staged(self.cfg, state, hf_config, tokenizer, self.staging_root)
+        try:
+            return await self.client.publish_version(self.js, self.cfg.run, version, staged.path, step=step,
+                                                     metadata=metadata, adapter=staged.adapter)
+        finally:
+            if own:
+                staged.discard()
 
     async def close(self) -> None:
         await self.client.close()

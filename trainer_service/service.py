@@ -1,7 +1,7 @@
 """The trainer service: rank 0 drives, every rank executes.
 
 Rank 0 runs the asyncio service (NATS intake, batching, publishing, events); the other ranks wait in
-`follow()` for commands that rank 0 broadcasts (step / state_dict / save / load / noop / stop), so
+`follow()` for commands that rank 0 broadcasts (step / state_dict / stage / save / load / noop / stop), so
 every collective (FSDP all-gathers, DCP save) happens in the same order on all ranks. A step is:
 batch -> advantages -> train_step (all ranks) -> full state dict (all ranks) -> publish v+1 (rank 0; by
 default uploaded while the next step trains, `trainer.publish_overlap`) -> events -> checkpoint every
@@ -18,16 +18,23 @@ import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from shared import bus
 from shared.config import JetrlConfig
 from shared.telemetry import start_metrics
-from trainer_service import checkpoint, metrics, timings
+from trainer_service import checkpoint, memory, metrics, timings
 from trainer_service.algorithms.advantages import group_advantages
 from trainer_service.intake import Batch, Intake, IntakeState
 from trainer_service.packing import TrainItem
-from trainer_service.publish import VersionTakenError, make_publisher, retryable_publish_error
+from trainer_service.publish import (
+    StagedVersion,
+    VersionTakenError,
+    make_publisher,
+    retryable_publish_error,
+    stage_version,
+)
 
 log = logging.getLogger("jetrl.trainer")
 
@@ -43,9 +50,14 @@ def execute(backend, cmd: dict, cfg: JetrlConfig) -> Any:
     """Run one driver command on this rank (every rank runs every command)."""
     kind = cmd["kind"]
     if kind == "step":
-        return backend.train_step(cmd["items"], cfg.trainer, norm_length(cfg))
+        stats = backend.train_step(cmd["items"], cfg.trainer, norm_length(cfg))
+        if cfg.trainer.release_memory:
+            memory.release_freed_memory()
+        return stats
     if kind == "state_dict":
         return backend.full_state_dict()
+    if kind == "stage":  # trainer.publish_snapshot disk: the version's files, written on rank 0
+        return stage_snapshot(backend, cfg, backend.full_state_dict(), cmd.get("parent"))
     if kind == "save":
         backend.save_checkpoint(cmd["path"], cmd["extra"])
         if backend.rank == 0:
@@ -56,6 +68,18 @@ def execute(backend, cmd: dict, cfg: JetrlConfig) -> Any:
     if kind in ("noop", "stop"):
         return None
     raise ValueError(f"unknown trainer command {kind!r}")
+
+
+def stage_snapshot(backend, cfg: JetrlConfig, sd: dict | None, parent: str | None) -> StagedVersion | None:
+    """Write the state dict `sd` (None on ranks > 0) as a version's files and let go of it; with
+    trainer.release_memory hand the freed memory back."""
+    if sd is None:
+        return None
+    staged = stage_version(cfg, sd, backend.hf_config(), backend.tokenizer, Path(parent) if parent else None)
+    del sd
+    if cfg.trainer.release_memory:
+        memory.release_freed_memory()
+    return staged
 
 
 def follow(backend, cfg: JetrlConfig) -> None:
@@ -120,8 +144,14 @@ class Trainer:
         that the next publish, checkpoint or shutdown awaits (`_published`). The state dict is taken
         here, so the next step may train while it uploads."""
         await self._published()  # the previous version first: versions stay in order, one copy in flight
-        sd = await self.run_cmd({"kind": "state_dict"})
-        task = self._store(self.version, self.step, sd)
+        if self.cfg.trainer.publish_snapshot == "disk":
+            root = self.publisher.staging_root
+            task = self._store(self.version, self.step,
+                               await self.run_cmd({"kind": "stage", "parent": str(root) if root else None}))
+        else:
+            sd = await self.run_cmd({"kind": "state_dict"})
+            task = self._store(self.version, self.step, [sd])
+            del sd  # _store drops the snapshot once its files are written
         if overlap:
             self._pending_publish = asyncio.create_task(task)
         else:
@@ -133,18 +163,34 @@ class Trainer:
         if task is not None:
             await task
 
-    async def _store(self, version: int, step: int, sd: dict) -> None:
-        """Store and announce `sd` as `version`. While the weight store or NATS is down (restarting),
-        retry with back-off instead of crashing: a crash would throw away the steps since the last
-        checkpoint. Publishing is idempotent per (instance, version), so a retry after a commit or an
-        announcement whose reply was lost finishes it instead of failing."""
+    async def _store(self, version: int, step: int, state: list[dict] | StagedVersion) -> None:
+        """Store and announce `state` as `version`: staged files, or the state dict in a one-item list,
+        whose files are written once here (publish.stage_version, in a thread) and the snapshot dropped
+        at once, so it is not held in memory while the upload overlaps the next step. While the weight
+        store or NATS is down (restarting), retry with back-off instead of crashing: a crash would throw
+        away the steps since the last checkpoint. Publishing is idempotent per (instance, version), so a
+        retry after a commit or an announcement whose reply was lost finishes it instead of failing."""
         t0 = time.perf_counter()
+        staged = state if isinstance(state, StagedVersion) else await asyncio.to_thread(self._stage, state)
+        try:
+            wv = await self._send(version, step, staged)
+        finally:
+            staged.discard()
+        self._store_s = time.perf_counter() - t0
+        metrics.VERSION.set(wv.version)
+        log.info("published version %d (step %d) in %.2f s %s", wv.version, step, self._store_s, wv.manifest_url)
+
+    def _stage(self, holder: list[dict]) -> StagedVersion:
+        """(A writer thread.) The snapshot's files; the snapshot itself is gone when this returns."""
+        root = self.publisher.staging_root
+        return stage_snapshot(self.backend, self.cfg, holder.pop(), str(root) if root else None)
+
+    async def _send(self, version: int, step: int, staged: StagedVersion):
         delay = PUBLISH_RETRY_S[0]
         while True:
             try:
-                wv = await self.publisher.publish(version, step, sd, self.backend.hf_config(),
-                                                  self.backend.tokenizer, metadata={"instance": self.instance})
-                break
+                return await self.publisher.publish(version, step, staged, self.backend.hf_config(),
+                                                    self.backend.tokenizer, metadata={"instance": self.instance})
             except VersionTakenError as exc:  # left behind by a trainer that died before announcing it
                 log.warning("%s; publishing as version %d instead", exc, version + 1)
                 version += 1
@@ -156,9 +202,6 @@ class Trainer:
                             type(exc).__name__, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, PUBLISH_RETRY_S[1])
-        self._store_s = time.perf_counter() - t0
-        metrics.VERSION.set(version)
-        log.info("published version %d (step %d) in %.2f s %s", version, step, self._store_s, wv.manifest_url)
 
     async def _checkpoint(self) -> None:
         await self._published()  # the checkpoint's version is announced before the checkpoint names it

@@ -176,6 +176,7 @@ def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerCo
                 ], dtype=torch.float64)
         clock("optimizer")
         norms.append(backend.clip_and_step(cfg.optim.grad_clip))
+        backend.zero_grad()  # the gradients go now, not at the next backward: not held while publishing
         clock(None)
     per = backend.all_reduce_sum(sums)
     s = dict(zip(STAT_KEYS, per.sum(0).tolist(), strict=True))

@@ -99,6 +99,11 @@ class AlgorithmConfig(Section):
 class OptimConfig(Section):
     """AdamW, gradient clipping and the learning-rate schedule."""
 
+    name: Literal["adamw", "adamw_8bit"] = Field(
+        "adamw",
+        description="adamw = torch AdamW (float32 moments); adamw_8bit = bitsandbytes' AdamW8bit (block-wise "
+        "8-bit moments: a quarter of the optimizer memory, slower steps on CPU; the `bnb` extra). "
+        "trainer_service/optim.py.")
     lr: float = Field(1e-3, gt=0, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
@@ -229,6 +234,11 @@ class TrainerConfig(Section):
         "sdpa/eager/flash_attention_2 or the megatron backend sequences are packed unshared.",
     )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    release_memory: bool = Field(
+        False,
+        description="After each step, hand the memory the step freed back to the OS (glibc malloc_trim; "
+        "trainer_service/memory.py). Lowers a CPU trainer's resident set between steps and, with "
+        "activation_checkpointing, its peak; each step then faults those pages in again (slower).")
     attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto",
         description="Attention over packed sequences: auto = flash_attention_2 on GPU when installed, else "
@@ -245,6 +255,14 @@ class TrainerConfig(Section):
         "right after step v). The next publish, a checkpoint and shutdown wait for it, so versions stay in "
         "order and at most one copy is in flight. false = the trainer waits for each publish before it "
         "trains again (SmolLM2-135M: ~5 s per step on 2 cores; docs/trainer.md).",
+    )
+    publish_snapshot: Literal["memory", "disk"] = Field(
+        "memory",
+        description="What the trainer keeps of version v once it trains on: memory = an in-memory copy of the "
+        "weights, written to files in the background and dropped once written (the next step starts at "
+        "once); disk = the files are written before the next step starts and no copy outlives that (the "
+        "write, ~0.5 s for SmolLM2-135M, is on the step's path; saves the copy's memory in the next step). "
+        "Either way the upload overlaps the next step with publish_overlap.",
     )
     publisher: Literal["store", "directory"] = Field(
         "store",

@@ -5,7 +5,9 @@ In-process Trainer on the sim backend with a publisher that takes 0.6 s per vers
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 
 import pytest
 from trainer_testlib import make_group, publish_groups, read_events, steps, trainer_overrides
@@ -21,18 +23,25 @@ UPLOAD_S = 0.6
 class SlowPublisher:
     """The directory publisher, 0.6 s slower, logging (what, version, perf_counter)."""
 
-    def __init__(self, cfg, js, log, fail_at=None):
+    def __init__(self, cfg, js, log, fail_at=None, snapshots=None):
         self.inner, self.log, self.fail_at = publish_mod.DirectoryPublisher(cfg, js), log, fail_at
+        self.staging_root = self.inner.staging_root
+        self.snapshots = snapshots  # weak references to each state dict's tensors, in the order taken
+        self.alive_at_upload: list[int] = []
 
     async def latest(self):
         return await self.inner.latest()
 
-    async def publish(self, version, step, state_dict, hf_config, tokenizer, metadata=None):
+    async def publish(self, version, step, state, hf_config, tokenizer, metadata=None):
         self.log.append(("publish_start", version, time.perf_counter()))
+        assert isinstance(state, publish_mod.StagedVersion) and (state.path / "model.safetensors").is_file()
         await asyncio.sleep(UPLOAD_S)
+        if self.snapshots is not None:  # (the writer thread lets go of its arguments just after it returns)
+            gc.collect()
+            self.alive_at_upload.append(sum(r() is not None for r in self.snapshots[version]))
         if version == self.fail_at:
             raise ValueError(f"bad version {version}")  # not retryable
-        wv = await self.inner.publish(version, step, state_dict, hf_config, tokenizer, metadata)
+        wv = await self.inner.publish(version, step, state, hf_config, tokenizer, metadata)
         self.log.append(("publish_end", version, time.perf_counter()))
         return wv
 
@@ -41,21 +50,35 @@ class SlowPublisher:
 
 
 async def _serve(nats_server, js, nc, tmp_path, run, monkeypatch, overlap: bool, fail_at=None,
-                 checkpoint_every=2):
+                 checkpoint_every=2, snapshot="memory"):
     cfg = load_config(JetrlConfig, None, trainer_overrides(
         nats_server.url, tmp_path, run, **{"trainer.backend": "sim", "trainer.device": "cpu",
                                            "trainer.sim.step_base_s": 0.3, "trainer.sim.s_per_sample": 0,
                                            "trainer.sim.s_per_token": 0, "schedule.total_steps": 4,
                                            "trainer.checkpoint_every": checkpoint_every,
-                                           "trainer.publish_overlap": str(overlap).lower()}))
+                                           "trainer.publish_overlap": str(overlap).lower(),
+                                           "trainer.publish_snapshot": snapshot}))
     log: list[tuple[str, int, float]] = []
-    monkeypatch.setattr(service, "make_publisher", lambda c, j: SlowPublisher(c, j, log, fail_at))
+    snapshots: list[list[weakref.ref]] = []
+    publishers: list[SlowPublisher] = []
+    monkeypatch.setattr(service, "make_publisher",
+                        lambda c, j: publishers.append(SlowPublisher(c, j, log, fail_at, snapshots)) or publishers[-1])
     await publish_groups(js, nc, [make_group(run, i) for i in range(8)])
     backend = make_backend(cfg)
+    real_state_dict = backend.full_state_dict
+
+    def full_state_dict():
+        sd = real_state_dict()
+        snapshots.append([weakref.ref(t) for t in sd.values()])
+        return sd
+
+    backend.full_state_dict = full_state_dict
     real_step = backend.train_step
 
     def train_step(items, tcfg, norm_length):
         log.append(("step_start", 0, time.perf_counter()))
+        gc.collect()  # how many tensors of earlier snapshots are still alive as this step starts
+        log.append(("snapshot_tensors_alive", sum(r() is not None for refs in snapshots for r in refs), 0.0))
         out = real_step(items, tcfg, norm_length)
         log.append(("step_end", 0, time.perf_counter()))
         return out
@@ -73,6 +96,7 @@ async def _serve(nats_server, js, nc, tmp_path, run, monkeypatch, overlap: bool,
         await asyncio.wait_for(trainer.serve(), timeout=120)
     finally:
         backend.close()
+    trainer.alive_at_upload = publishers[0].alive_at_upload
     return trainer, log
 
 
@@ -100,6 +124,9 @@ async def test_a_version_uploads_while_the_next_step_trains(nats_server, js, nc,
     assert all(0 < s["rss_gb"] <= s["peak_rss_gb"] for s in st)  # memory reported with every step
     # the loop waited for publishing much less than an upload per step
     assert sum(s["timings"]["publish"] for s in st) < 4 * UPLOAD_S
+    # each version's weights were written to files once and the in-memory copy dropped before the upload
+    assert trainer.alive_at_upload == [0] * 5
+    assert not list((tmp_path / "published" / "ovl").glob(".staged-*"))  # staged files removed after it
 
 
 async def test_without_overlap_each_step_waits_for_its_upload(nats_server, js, nc, tmp_path, monkeypatch):
@@ -113,3 +140,27 @@ async def test_a_failed_background_upload_fails_the_trainer(nats_server, js, nc,
     with pytest.raises(ValueError, match="bad version 2"):
         await _serve(nats_server, js, nc, tmp_path, "bad", monkeypatch, overlap=True, fail_at=2,
                      checkpoint_every=10)
+
+
+@pytest.mark.parametrize("snapshot", ["memory", "disk"])
+async def test_disk_snapshots_are_written_before_the_next_step(nats_server, js, nc, tmp_path, monkeypatch, snapshot):
+    """trainer.publish_snapshot disk: each version's files are written before the next step starts and no
+    copy of the weights is alive during it; the upload still overlaps the step. (memory: the copy is
+    written beside the next step, so with a slow write it is alive when that step starts.)"""
+    real_stage = service.stage_version
+
+    def slow_stage(*a, **k):
+        time.sleep(0.4)
+        return real_stage(*a, **k)
+
+    monkeypatch.setattr(service, "stage_version", slow_stage)
+    trainer, log = await _serve(nats_server, js, nc, tmp_path, snapshot, monkeypatch, overlap=True,
+                                snapshot=snapshot)
+    assert trainer.step == 4 and trainer.version == 4
+    assert [v for w, v, _ in log if w == "publish_start"] == [0, 1, 2, 3, 4]
+    alive = [v for w, v, _ in log if w == "snapshot_tensors_alive"]
+    if snapshot == "disk":
+        assert alive == [0, 0, 0, 0]
+    else:
+        assert sum(alive) > 0
+    assert [t for w, _, t in log if w == "step_start"][1] < _at(log, "publish_end", 1)

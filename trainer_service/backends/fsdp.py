@@ -28,6 +28,7 @@ from trainer_service.logprobs import (
     loss_positions,
     masked_logprobs_from_logits,
 )
+from trainer_service.optim import make_optimizer
 from trainer_service.packing import PackedBatch, TrainItem
 from trainer_service.step import lr_lambda
 
@@ -94,9 +95,7 @@ class FSDPBackend(DistMixin):
                 fully_shard(m)
         self.model = model
         self._chunkable = head_supports_chunking(model)
-        o = t.optim
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas, eps=o.adam_eps,
-                                           weight_decay=o.weight_decay)
+        self.optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), t.optim)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t, cfg.schedule.total_steps))
 
     # --- compute --------------------------------------------------------------------------------

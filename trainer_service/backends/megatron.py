@@ -33,6 +33,7 @@ from trainer_service.backends.megatron_convert import (
     transformer_config_kwargs,
 )
 from trainer_service.logprobs import masked_logprobs_from_logits
+from trainer_service.optim import make_optimizer
 from trainer_service.packing import PackedBatch, TrainItem
 from trainer_service.step import lr_lambda
 
@@ -116,9 +117,7 @@ class MegatronBackend(DistMixin):
         self.model = self.core
         if self.world_size > 1:
             self.model = torch.nn.parallel.DistributedDataParallel(self.core, device_ids=[self.device.index])
-        o = t.optim
-        self.optimizer = torch.optim.AdamW(self.core.parameters(), lr=o.lr, betas=o.betas, eps=o.adam_eps,
-                                           weight_decay=o.weight_decay)
+        self.optimizer = make_optimizer(self.core.parameters(), t.optim)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t, cfg.schedule.total_steps))
 
     def _autocast(self):

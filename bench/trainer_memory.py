@@ -1,0 +1,138 @@
+"""Where a trainer step's memory goes: the trainer backend alone (no services) on a config's model, with
+batches shaped like the config's (batch_size groups x group_size samples, a shared prompt of --prompt
+tokens and --completion generated tokens), each step followed by the publish path's state dict, written
+to files and dropped before the next step (as `trainer.publish_snapshot: disk` does; with the default
+`memory` the service writes it beside the next step, so its copy adds to that step's first second).
+
+    python bench/trainer_memory.py [--config examples/smollm2_addition.yaml] [--steps 8] [key=value ...]
+    python bench/trainer_memory.py trainer.optim.name=adamw_8bit trainer.release_memory=true
+
+Prints, per step, the resident set (RSS) before the step and the peak (VmHWM, reset before each phase
+through /proc/self/clear_refs) of its forward, backward and optimizer phases and of the publish snapshot,
+with each phase's seconds. Last line: `trainer_step_peak_rss_gb: X`, the highest step peak after the
+first step (the first faults the weights in). Linux only (/proc). docs/benchmarks.md, "SmolLM2-135M
+addition", has what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rss_gb() -> tuple[float, float]:
+    """(VmRSS, VmHWM) of this process in GB."""
+    d = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            key, value = line.split(":")
+            d[key] = int(value.split()[0]) * 1024 / 1e9
+    return d["VmRSS"], d["VmHWM"]
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+
+class PhaseMeter:
+    """Wraps backend methods: for each call, RSS before, peak during, seconds."""
+
+    def __init__(self, backend, names):
+        self.rows: list[tuple[str, float, float, float]] = []
+        for name in names:
+            setattr(backend, name, self._wrap(name, getattr(backend, name)))
+
+    def _wrap(self, name, fn):
+        def call(*a, **k):
+            before = rss_gb()[0]
+            reset_peak()
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            self.rows.append((name, before, rss_gb()[1], time.perf_counter() - t))
+            return out
+        return call
+
+
+def batch(rng: random.Random, groups: int, size: int, prompt: int, completion: int, vocab: int):
+    from trainer_service.packing import TrainItem
+
+    items = []
+    for g in range(groups):
+        head = [rng.randrange(vocab) for _ in range(prompt)]
+        for _ in range(size):
+            items.append(TrainItem(tokens=head + [rng.randrange(vocab) for _ in range(completion)],
+                                   loss_mask=[0] * prompt + [1] * completion,
+                                   behav_logp=[0.0] * prompt + [-1.0] * completion,
+                                   advantage=rng.choice([-1.0, 1.0]), group_id=f"g{g}", reward=0.0))
+    return items
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(ROOT / "examples/smollm2_addition.yaml"))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=45, help="Prompt tokens per group (the addition prompt: ~45).")
+    ap.add_argument("--completion", type=int, default=8, help="Generated tokens per sample.")
+    ap.add_argument("overrides", nargs="*", help="Config overrides key=value.")
+    args = ap.parse_args()
+    if not Path("/proc/self/clear_refs").exists():
+        sys.exit("bench/trainer_memory.py reads /proc (Linux)")
+
+    import torch
+
+    from shared.config import JetrlConfig, load_config
+    from trainer_service import memory
+    from trainer_service.backends.fsdp import FSDPBackend
+    from trainer_service.publish import stage_version
+    from trainer_service.service import execute
+
+    cfg = load_config(JetrlConfig, args.config, args.overrides)
+    torch.set_num_threads(max(1, cfg.launch.torch_threads))
+    print(f"start: RSS {rss_gb()[0]:.2f} GB")
+    backend = FSDPBackend(cfg)
+    print(f"backend built: RSS {rss_gb()[0]:.2f} GB (the weights fault in at the first forward)")
+    meter = PhaseMeter(backend, ("forward", "backward", "clip_and_step"))
+    rng = random.Random(0)
+    vocab = min(backend.hf_config().vocab_size, 32000)
+    peaks = []
+    with tempfile.TemporaryDirectory(prefix="jetrl-trainer-memory-") as tmp:
+        for i in range(args.steps):
+            meter.rows.clear()
+            items = batch(rng, cfg.schedule.batch_size, cfg.rollout.group_size, args.prompt, args.completion, vocab)
+            before = rss_gb()[0]
+            reset_peak()
+            t = time.perf_counter()
+            execute(backend, {"kind": "step", "items": items}, cfg)
+            step_s, step_peak = time.perf_counter() - t, rss_gb()[1]
+            reset_peak()
+            t = time.perf_counter()
+            snapshot = execute(backend, {"kind": "state_dict"}, cfg)
+            staged = stage_version(cfg, snapshot, backend.hf_config(), backend.tokenizer, Path(tmp))
+            del snapshot
+            if cfg.trainer.release_memory:
+                memory.release_freed_memory()
+            staged.discard()
+            pub_s, pub_peak = time.perf_counter() - t, rss_gb()[1]
+            # forward/backward run once per micro-batch: report each phase's highest peak and total seconds
+            phases = {}
+            for name, _, peak, sec in meter.rows:
+                p, s = phases.get(name, (0.0, 0.0))
+                phases[name] = (max(p, peak), s + sec)
+            shown = " ".join(f"{n} {p:.2f} GB {s:.2f} s" for n, (p, s) in phases.items())
+            print(f"step {i}: RSS before {before:.2f} GB, step peak {step_peak:.2f} GB in {step_s:.2f} s ({shown}); "
+                  f"publish snapshot peak {pub_peak:.2f} GB in {pub_s:.2f} s, RSS after {rss_gb()[0]:.2f} GB",
+                  flush=True)
+            if i > 0:
+                peaks.append(max(step_peak, pub_peak))
+    print(f"trainer_step_peak_rss_gb: {max(peaks) if peaks else 0.0:.2f}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()
