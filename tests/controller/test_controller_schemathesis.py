@@ -3,8 +3,8 @@ input gives a 500, and every answer matches the documented status codes, content
 
 from __future__ import annotations
 
-import json
 import itertools
+import json
 import os
 import subprocess
 import sys
