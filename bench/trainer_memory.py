@@ -87,9 +87,7 @@ def main() -> None:
     import torch
 
     from shared.config import JetrlConfig, load_config
-    from trainer_service import memory
     from trainer_service.backends.fsdp import FSDPBackend
-    from trainer_service.publish import stage_version
     from trainer_service.service import execute
 
     cfg = load_config(JetrlConfig, args.config, args.overrides)
@@ -112,12 +110,8 @@ def main() -> None:
             step_s, step_peak = time.perf_counter() - t, rss_gb()[1]
             reset_peak()
             t = time.perf_counter()
-            snapshot = execute(backend, {"kind": "state_dict"}, cfg)
-            staged = stage_version(cfg, snapshot, backend.hf_config(), backend.tokenizer, Path(tmp))
-            del snapshot
-            if cfg.trainer.release_memory:
-                memory.release_freed_memory()
-            staged.discard()
+            # the state dict, written and dropped, then (trainer.release_memory) freed memory handed back
+            execute(backend, {"kind": "stage", "parent": Path(tmp)}, cfg).discard()
             pub_s, pub_peak = time.perf_counter() - t, rss_gb()[1]
             # forward/backward run once per micro-batch: report each phase's highest peak and total seconds
             phases = {}

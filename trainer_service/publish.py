@@ -37,8 +37,9 @@ from weight_store.manifest import MANIFEST
 
 log = logging.getLogger("jetrl.trainer.publish")
 
-__all__ = ["DirectoryPublisher", "StagedVersion", "StorePublisher", "VersionConflict", "VersionTakenError", "WeightPublisher",
-           "make_publisher", "retryable_publish_error", "stage_version", "write_hf_dir", "write_version_dir"]
+__all__ = ["DirectoryPublisher", "StagedVersion", "StorePublisher", "VersionConflict", "VersionTakenError",
+           "WeightPublisher", "make_publisher", "retryable_publish_error", "stage_version", "write_hf_dir",
+           "write_version_dir"]
 
 
 class WeightPublisher(Protocol):

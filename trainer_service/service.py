@@ -70,12 +70,12 @@ def execute(backend, cmd: dict, cfg: JetrlConfig) -> Any:
     raise ValueError(f"unknown trainer command {kind!r}")
 
 
-def stage_snapshot(backend, cfg: JetrlConfig, sd: dict | None, parent: str | None) -> StagedVersion | None:
+def stage_snapshot(backend, cfg: JetrlConfig, sd: dict | None, parent: Path | None) -> StagedVersion | None:
     """Write the state dict `sd` (None on ranks > 0) as a version's files and let go of it; with
     trainer.release_memory hand the freed memory back."""
     if sd is None:
         return None
-    staged = stage_version(cfg, sd, backend.hf_config(), backend.tokenizer, Path(parent) if parent else None)
+    staged = stage_version(cfg, sd, backend.hf_config(), backend.tokenizer, parent)
     del sd
     if cfg.trainer.release_memory:
         memory.release_freed_memory()
@@ -145,9 +145,8 @@ class Trainer:
         here, so the next step may train while it uploads."""
         await self._published()  # the previous version first: versions stay in order, one copy in flight
         if self.cfg.trainer.publish_snapshot == "disk":
-            root = self.publisher.staging_root
-            task = self._store(self.version, self.step,
-                               await self.run_cmd({"kind": "stage", "parent": str(root) if root else None}))
+            staged = await self.run_cmd({"kind": "stage", "parent": self.publisher.staging_root})
+            task = self._store(self.version, self.step, staged)
         else:
             sd = await self.run_cmd({"kind": "state_dict"})
             task = self._store(self.version, self.step, [sd])
@@ -182,8 +181,7 @@ class Trainer:
 
     def _stage(self, holder: list[dict]) -> StagedVersion:
         """(A writer thread.) The snapshot's files; the snapshot itself is gone when this returns."""
-        root = self.publisher.staging_root
-        return stage_snapshot(self.backend, self.cfg, holder.pop(), str(root) if root else None)
+        return stage_snapshot(self.backend, self.cfg, holder.pop(), self.publisher.staging_root)
 
     async def _send(self, version: int, step: int, staged: StagedVersion):
         delay = PUBLISH_RETRY_S[0]

@@ -37,6 +37,13 @@ def llama_dir(tmp_path_factory):
     return d
 
 
+def _config(llama_dir, trainer: dict) -> JetrlConfig:
+    """The tiny Llama on CPU in float32, with these trainer settings."""
+    return JetrlConfig.model_validate({
+        "model": {"path": str(llama_dir / "model"), "tokenizer": str(llama_dir / "tokenizer"), "dtype": "float32"},
+        "trainer": {"device": "cpu", **trainer}})
+
+
 def _items() -> list[TrainItem]:
     rng = np.random.default_rng(3)
     items = []
@@ -50,11 +57,8 @@ def _items() -> list[TrainItem]:
 
 
 def _step(llama_dir, checkpointing: bool, micro_tokens: int) -> tuple[dict, dict]:
-    cfg = JetrlConfig.model_validate({
-        "model": {"path": str(llama_dir / "model"), "tokenizer": str(llama_dir / "tokenizer"), "dtype": "float32"},
-        "trainer": {"device": "cpu", "activation_checkpointing": checkpointing, "micro_batch_tokens": micro_tokens,
-                    "optim": {"lr": 0.01, "adam_eps": 1e-4, "grad_clip": 1.0}},
-    })
+    cfg = _config(llama_dir, {"activation_checkpointing": checkpointing, "micro_batch_tokens": micro_tokens,
+                              "optim": {"lr": 0.01, "adam_eps": 1e-4, "grad_clip": 1.0}})
     backend = FSDPBackend(cfg)
     stats = train_step(backend, _items(), cfg.trainer)
     return backend.full_state_dict(), stats
@@ -76,9 +80,7 @@ def test_checkpointing_and_small_micro_batches_give_the_same_step(llama_dir):
 
 def test_the_gradients_are_freed_after_the_step(llama_dir):
     """A step lets go of its gradients at once: they are not held while the version publishes."""
-    cfg = JetrlConfig.model_validate({
-        "model": {"path": str(llama_dir / "model"), "tokenizer": str(llama_dir / "tokenizer"), "dtype": "float32"},
-        "trainer": {"device": "cpu", "algorithm": {"ppo_minibatches": 2}}})
+    cfg = _config(llama_dir, {"algorithm": {"ppo_minibatches": 2}})
     backend = FSDPBackend(cfg)
     stats = train_step(backend, _items(), cfg.trainer)
     assert stats["ppo_minibatches"] == 2 and stats["grad_norm"] > 0
@@ -113,9 +115,7 @@ def test_release_memory_hands_freed_heap_pages_back():
 
 
 def _backend_8bit(llama_dir) -> FSDPBackend:
-    return FSDPBackend(JetrlConfig.model_validate({
-        "model": {"path": str(llama_dir / "model"), "tokenizer": str(llama_dir / "tokenizer"), "dtype": "float32"},
-        "trainer": {"device": "cpu", "optim": {"name": "adamw_8bit", "lr": 0.01, "adam_eps": 1e-4}}}))
+    return FSDPBackend(_config(llama_dir, {"optim": {"name": "adamw_8bit", "lr": 0.01, "adam_eps": 1e-4}}))
 
 
 def test_adamw_8bit_keeps_8_bit_moments_and_resumes_from_a_checkpoint(llama_dir, tmp_path):
