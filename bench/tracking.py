@@ -11,7 +11,9 @@ launcher, one after the other, the same seed:
   server scraping every /metrics endpoint every 16 s.
 
 The figure is the trainer's steps/s between the `--warmup`th and the last step event (its `time`).
-`--rounds` pairs (off, on, off, on, ...) in one run.
+`--rounds` pairs (off, on, off, on, ...) in one run. Each run also prints the CPU seconds every process used
+(each service, the tracker, NATS, and this process, which hosts the controller's HTTP client and the
+reader), so where an "on" run's time goes shows beside its rate.
 Last line: `observability_overhead_ratio: X` = median steps/s on ÷ median steps/s off (target >= 0.95).
 """
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import resource
 import statistics
 import tempfile
 import time
@@ -60,6 +64,22 @@ async def reader(launcher: Launcher, stop: asyncio.Event) -> int:
     return n
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its reaped children (Linux /proc), 0 when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+
+def process_cpu(launcher: Launcher) -> dict[str, float]:
+    """CPU seconds so far of every supervised process, plus this one ('bench')."""
+    out = {name: cpu_seconds(c.proc.pid) for name, c in launcher.sup.children.items() if c.proc}
+    out["bench"] = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    return out
+
+
 async def timed_run(observe: bool, steps: int, warmup: int, root: Path, dataset: Path) -> tuple[float, int]:
     s = demo_settings(run=f"obs-{'on' if observe else 'off'}", steps=steps)
     if observe:
@@ -82,6 +102,9 @@ async def timed_run(observe: bool, steps: int, warmup: int, root: Path, dataset:
 
         await poll_until(finished, 1800, "the trainer to finish")
         await launcher.poll()
+        cpu = process_cpu(launcher)
+        print(f"  {'on ' if observe else 'off'} CPU seconds by process: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])), flush=True)
     finally:
         stop.set()
         n_reads = await reads if reads is not None else 0

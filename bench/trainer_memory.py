@@ -41,9 +41,13 @@ def reset_peak() -> None:
 
 
 class PhaseMeter:
-    """Wraps backend methods: for each call, RSS before, peak during, seconds."""
+    """Wraps backend methods: for each call, RSS before, peak during, seconds (on a GPU the call's kernels
+    are waited for, so each phase's seconds are its own)."""
 
     def __init__(self, backend, names):
+        import torch
+
+        self.sync = torch.cuda.synchronize if backend.device.type == "cuda" else (lambda: None)
         self.rows: list[tuple[str, float, float, float]] = []
         for name in names:
             setattr(backend, name, self._wrap(name, getattr(backend, name)))
@@ -54,6 +58,7 @@ class PhaseMeter:
             reset_peak()
             t = time.perf_counter()
             out = fn(*a, **k)
+            self.sync()
             self.rows.append((name, before, rss_gb()[1], time.perf_counter() - t))
             return out
         return call
@@ -107,7 +112,7 @@ def main() -> None:
             reset_peak()
             t = time.perf_counter()
             execute(backend, {"kind": "step", "items": items}, cfg)
-            step_s, step_peak = time.perf_counter() - t, rss_gb()[1]
+            step_s, step_peak = time.perf_counter() - t, rss_gb()[1]  # since the last phase's reset
             reset_peak()
             t = time.perf_counter()
             # the state dict, written and dropped, then (trainer.release_memory) freed memory handed back
@@ -118,7 +123,12 @@ def main() -> None:
             for name, _, peak, sec in meter.rows:
                 p, s = phases.get(name, (0.0, 0.0))
                 phases[name] = (max(p, peak), s + sec)
+            # each phase reset the high-water mark: the step's peak is the highest of its phases' peaks
+            step_peak = max([step_peak] + [p for p, _ in phases.values()])
             shown = " ".join(f"{n} {p:.2f} GB {s:.2f} s" for n, (p, s) in phases.items())
+            if backend.device.type == "cuda":  # the GPU's own peak (the RSS figures are the host's)
+                shown += f"; GPU peak allocated {torch.cuda.max_memory_allocated() / 1e9:.2f} GB"
+                torch.cuda.reset_peak_memory_stats()
             print(f"step {i}: RSS before {before:.2f} GB, step peak {step_peak:.2f} GB in {step_s:.2f} s ({shown}); "
                   f"publish snapshot peak {pub_peak:.2f} GB in {pub_s:.2f} s, RSS after {rss_gb()[0]:.2f} GB",
                   flush=True)

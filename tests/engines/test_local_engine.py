@@ -1,4 +1,5 @@
-"""The local engine: exact logprobs, batch-invariant seeded sampling, weight swaps between decode steps."""
+"""The local engine: exact logprobs, batch-invariant seeded sampling, weight swaps between decode steps.
+The logprob and weight-swap tests run again on a CUDA GPU where there is one (`pytest -m gpu`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from engines_helpers import assert_greedy, engine_config, forward_logprobs, wait
 from rollout_service.engines import GenerateRequest, SamplingParams, make_engine
 from rollout_service.engines.local import LocalEngine
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
-async def started(tiny_dirs, **local) -> LocalEngine:
-    cfg = engine_config(engine="local", local=local)
+
+async def started(tiny_dirs, device: str = "cpu", **local) -> LocalEngine:
+    cfg = engine_config(engine="local", local=local, device=device)
     cfg.model.path = str(tiny_dirs[0])
     cfg.model.dtype = "float32"
     eng = make_engine(cfg)
@@ -39,8 +43,9 @@ def requests(n: int) -> list[GenerateRequest]:
     return out
 
 
-async def test_local_logprobs_equal_a_fresh_forward_pass(tiny_dirs, hf_models):
-    eng = await started(tiny_dirs)
+@pytest.mark.parametrize("device", DEVICES)
+async def test_local_logprobs_equal_a_fresh_forward_pass(tiny_dirs, hf_models, device):
+    eng = await started(tiny_dirs, device)
     try:
         results = await asyncio.gather(*[eng.generate(r) for r in requests(6)])
     finally:
@@ -92,10 +97,11 @@ async def _swap_mid_generation(eng: LocalEngine, path: str, n_new: int = 120):
     return await task, k
 
 
+@pytest.mark.parametrize("device", DEVICES)
 async def test_weight_swap_mid_generation_switches_version_at_one_token_and_continues_under_new_weights(
-    tiny_dirs, hf_models
+    tiny_dirs, hf_models, device
 ):
-    eng = await started(tiny_dirs)
+    eng = await started(tiny_dirs, device)
     try:
         r, k = await _swap_mid_generation(eng, str(tiny_dirs[1]))
     finally:

@@ -1,6 +1,7 @@
 """Shared-prompt packing: a group's prompt packed once, each completion attending to it and to itself,
 gives the same per-token logprobs and the same gradients as unshared packing (float32, 1e-5), for
-groups of different prompt and completion lengths, also when a group spans micro-batches."""
+groups of different prompt and completion lengths, also when a group spans micro-batches. The backend
+tests run on the CPU and, on a machine with a CUDA GPU (`pytest -m gpu`), again on it."""
 
 from __future__ import annotations
 
@@ -40,10 +41,20 @@ def _groups(seed: int = 0) -> list[TrainItem]:
     return items
 
 
-@pytest.fixture(scope="module")
-def backend():
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                         reason="needs a CUDA GPU")])
+
+
+@pytest.fixture(scope="module", params=["cpu", CUDA])
+def backend(request):
     torch.manual_seed(0)
-    return FSDPBackend(load_config(JetrlConfig, None, ["trainer.device=cpu"]))
+    # float32 on both devices (on CUDA `auto` would train in bf16)
+    return FSDPBackend(load_config(JetrlConfig, None, [f"trainer.device={request.param}", "trainer.dtype=float32"]))
+
+
+def _tol(backend) -> dict:
+    """float32 on the CPU: 1e-5; on a GPU the kernels sum in other orders (and atomically in backward)."""
+    return dict(rtol=1e-5, atol=1e-5) if backend.device.type == "cpu" else dict(rtol=1e-4, atol=1e-4)
 
 
 def _per_item(m, lp, n_items):
@@ -71,18 +82,18 @@ def test_prefix_stops_before_the_first_generated_token():
 
 def test_shared_packing_gives_the_same_logprobs_and_gradients(backend):
     items = _groups()
-    shared, flat = pack_shared(items), pack(items)
+    shared, flat = pack_shared(items).to(backend.device), pack(items).to(backend.device)
     lp_s, ent_s = backend.forward(shared)
     lp_f, ent_f = backend.forward(flat)
     for a, b in zip(_per_item(shared, lp_s, len(items)), _per_item(flat, lp_f, len(items)), strict=True):
         assert len(a) and len(a) == len(b)
-        assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert_close(a, b, **_tol(backend))
     for a, b in zip(_per_item(shared, ent_s, len(items)), _per_item(flat, ent_f, len(items)), strict=True):
-        assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert_close(a, b, **_tol(backend))
     g_s, g_f = _grads(backend, [shared]), _grads(backend, [flat])
     assert g_s.keys() == g_f.keys() and g_s
     for k in g_f:
-        assert_close(g_s[k], g_f[k], rtol=1e-5, atol=1e-5, msg=f"{k} gradient differs")
+        assert_close(g_s[k], g_f[k], **_tol(backend), msg=f"{k} gradient differs")
     # Without the branch mask (the prefix packed once, plain causal attention over the whole row) the
     # completions would see each other: a different answer.
     with torch.no_grad():
@@ -98,10 +109,10 @@ def test_groups_spanning_micro_batches_give_the_same_gradients(backend):
     spans = [sum(1 for b in plan if any(items[i].group_id == g for i in b)) for g in ("g0", "g1", "g2")]
     assert max(spans) > 1, f"no group spans micro-batches: {plan}"
     assert sorted(i for b in plan for i in b) == list(range(len(items)))
-    shared = [pack_shared([items[i] for i in b]) for b in plan]
-    g_s, g_f = _grads(backend, shared), _grads(backend, [pack(items)])
+    shared = [pack_shared([items[i] for i in b]).to(backend.device) for b in plan]
+    g_s, g_f = _grads(backend, shared), _grads(backend, [pack(items).to(backend.device)])
     for k in g_f:
-        assert_close(g_s[k], g_f[k], rtol=1e-5, atol=1e-5, msg=f"{k} gradient differs")
+        assert_close(g_s[k], g_f[k], **_tol(backend), msg=f"{k} gradient differs")
 
 
 def test_train_step_with_and_without_shared_prompts_is_the_same_update():
