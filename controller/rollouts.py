@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from nats.js.errors import NotFoundError
@@ -57,6 +58,25 @@ def segments(tokens: np.ndarray, loss_mask: np.ndarray, versions: np.ndarray, pr
     return out
 
 
+def load_decoder(name: str):
+    """A tokenizer to decode with: the `tokenizers` library straight from the dir's tokenizer.json (the
+    tiny one when `name` is empty), so the controller never imports transformers for the viewer (that
+    import alone took ~4 s of CPU beside a running trainer, bench/tracking.py). transformers' tokenizer
+    only for a name without a tokenizer.json (a hub id, a slow tokenizer). Its decode is the fast
+    tokenizer's own; transformers' clean-up of spaces around punctuation (off for BPE) is not applied."""
+    from shared.tinymodel import TINY_MARKER, load_tokenizer, tiny_tokenizer_object
+
+    if not name:
+        return tiny_tokenizer_object()
+    p = Path(name)
+    d = p / "tokenizer" if (p / "tokenizer" / TINY_MARKER).exists() else p
+    if (d / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(d / "tokenizer.json"))
+    return load_tokenizer(name)
+
+
 class Tokenizers:
     """One tokenizer per run config, loaded on first use (None when it cannot be loaded: ids only)."""
 
@@ -68,10 +88,8 @@ class Tokenizers:
         key = (str(model_cfg.get("tokenizer") or ""), str(model_cfg.get("path") or ""))
         with self._lock:
             if key not in self._cache:
-                from shared.tinymodel import load_tokenizer
-
                 try:
-                    self._cache[key] = load_tokenizer(key[0] or key[1])
+                    self._cache[key] = load_decoder(key[0] or key[1])
                 except Exception as exc:
                     log.warning("rollout viewer: cannot load tokenizer %r (%s); showing token ids", key, exc)
                     self._cache[key] = None

@@ -21,19 +21,25 @@ CHARS = list(string.digits + string.ascii_lowercase + string.ascii_uppercase + "
 TINY_MARKER = "jetrl_tiny_tokenizer.json"
 
 
-def build_tokenizer():
-    """A character-level PreTrainedTokenizerFast (pad=0, bos=1, eos=2, unk=3)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+def tiny_tokenizer_object():
+    """The tiny tokenizer as a bare `tokenizers.Tokenizer` (characters; pad=0, bos=1, eos=2, unk=3): what
+    build_tokenizer wraps, and all a reader that only decodes needs (no transformers import)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    from tokenizers import decoders
-
     tok.decoder = decoders.Fuse()
+    return tok
+
+
+def build_tokenizer():
+    """A character-level PreTrainedTokenizerFast (pad=0, bos=1, eos=2, unk=3)."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+        tokenizer_object=tiny_tokenizer_object(), pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+        unk_token="<unk>"
     )
 
 

@@ -130,3 +130,27 @@ async def test_a_cursor_past_the_stream_end_reads_only_what_the_stream_holds(liv
     page = (await live.http.get("/v1/runs/cur/rollouts", params={"before": 2**62, "scan": 10_000})).json()
     assert [g["prompt_id"] for g in page["items"]] == ["p2", "p1", "p0"]
     assert page["scanned"] == 3 and page["exhausted"] and page["next_before"] is None
+
+
+def test_the_viewer_decodes_from_tokenizer_json_without_importing_transformers(tmp_path):
+    """A model dir's tokenizer.json (and the tiny tokenizer) decode through `tokenizers` alone, to the
+    text transformers' tokenizer gives; importing transformers cost the controller ~4 s of CPU."""
+    import subprocess
+    import sys
+
+    from shared.config import ModelConfig
+    from shared.tinymodel import save_tiny
+
+    model_dir = save_tiny(ModelConfig(), tmp_path / "m")
+    tok = build_tokenizer()
+    ids = tok.encode("Sort 3 1 2 -> 1 2 3!", add_special_tokens=False) + [tok.eos_token_id]
+    code = (
+        "import sys\n"
+        "from controller.rollouts import load_decoder\n"
+        f"print(load_decoder({str(model_dir)!r}).decode({ids!r}, skip_special_tokens=False))\n"
+        f"print(load_decoder('').decode({ids!r}, skip_special_tokens=False))\n"
+        "print('transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    want = tok.decode(ids, skip_special_tokens=False)
+    assert out == [want, want, "False"]

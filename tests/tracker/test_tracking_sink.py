@@ -118,6 +118,9 @@ async def test_tensorboard_event_files_hold_what_was_on_the_bus(nats_server, js,
     assert series("time/weights/fetch") == [(2, 0.25)]
     assert series("rollouts/reward_mean") == [(0, 0.25), (1, 1.0)]  # version 1 written when the sink stopped
     assert series("rollouts/samples") == [(0, 4.0), (1, 2.0)]
+    # what TensorBoard's scalars dashboard shows: every tag carries the scalars plugin's metadata
+    for tag in ea.Tags()["tensors"]:
+        assert ea.SummaryMetadata(tag).plugin_data.plugin_name == "scalars", tag
 
 
 async def test_wandb_offline_run_dir_is_written_without_a_network(nats_server, js, nc, tmp_path):
