@@ -37,10 +37,11 @@ async def _settled(progress) -> float:
 
 
 async def _swap_while_generating(
-    engine, tiny_dirs, hf_models, progress, atol: float, n_reqs: int, steps: int
+    engine, tiny_dirs, hf_models, progress, atol: float, n_reqs: int, steps: int, delay: float | None = None
 ) -> list[int]:
-    """Swap v0 -> v1 once `n_reqs` greedy generations made about `steps` decode steps; check every
-    token; return each request's count of v0 tokens (0 < k < 200: it switched mid-generation)."""
+    """Swap v0 -> v1 once `n_reqs` greedy generations made about `steps` decode steps (or, with `delay`,
+    that many seconds after they were sent); check every token; return each request's count of v0
+    tokens (0 < k < 200: it switched mid-generation)."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=200, ignore_eos=True)
     reqs = [GenerateRequest([1, 5 + i, 6, 7], greedy) for i in range(n_reqs)]
     start = await _settled(progress)
@@ -49,7 +50,10 @@ async def _swap_while_generating(
     async def under_way():  # a few decode steps of the whole batch
         return await progress() >= start + steps * n_reqs
 
-    await wait_until(under_way, what="the server to generate tokens")
+    if delay is None:
+        await wait_until(under_way, what="the server to generate tokens")
+    else:
+        await asyncio.sleep(delay)
     await engine.update_weights(1, path=str(tiny_dirs[1]))
     results = await asyncio.gather(*tasks)
     ks = []
@@ -71,14 +75,23 @@ async def _swap_while_generating(
 async def _swap_mid_generation(engine, dirs, models, progress, atol: float, what: str) -> None:
     """Retry `_swap_while_generating` until some request switched mid-way. The race is the server's
     speed against the swap's start: when every request had finished first, swap earlier (after one
-    decode step); when none had begun, later. Back to v0 between tries."""
-    seen, steps = [], 3
-    for _attempt in range(6):
-        ks = await _swap_while_generating(engine, dirs, models, progress, atol, n_reqs=12, steps=steps)
+    decode step; then by the clock, sooner each time, since a server's token counter can lag behind a
+    fast generation, as vLLM's did in a CI run); when none had begun, later. Back to v0 between tries."""
+    seen, steps, delay = [], 3, None
+    for _attempt in range(8):
+        ks = await _swap_while_generating(engine, dirs, models, progress, atol, n_reqs=12, steps=steps, delay=delay)
         seen.append(ks)
         if any(0 < k < 200 for k in ks):
             return
-        steps = 1 if all(k == 200 for k in ks) else steps + 5
+        if all(k == 200 for k in ks):  # all finished before the swap
+            if steps > 1:
+                steps = 1
+            else:
+                delay = 0.2 if delay is None else delay / 2
+        elif delay is None:  # none had begun
+            steps += 5
+        else:
+            delay *= 1.5
         await engine.update_weights(0, path=str(dirs[0]))
     raise AssertionError(f"no generation was still running when {what} (v0 tokens per request, per try: {seen})")
 
