@@ -22,10 +22,12 @@ def _malloc_trim():
     """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        if name:
+            return ctypes.CDLL(name).malloc_trim
     except (OSError, AttributeError):
-        log.warning("trainer.release_memory: this C library has no malloc_trim; nothing is released")
-        return None
+        pass
+    log.warning("trainer.release_memory: this C library has no malloc_trim; nothing is released")
+    return None
 
 
 def release_freed_memory() -> bool:

@@ -22,7 +22,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shared.config import JetrlConfig
+from shared.linktree import link_tree
 from shared.messages import WeightVersion
 from weight_store.announce import VersionConflict, announce, latest
 from weight_store.client import VersionTakenError, WeightStoreClient, WeightStoreError
@@ -149,7 +149,7 @@ class DirectoryPublisher:
 
         def write() -> list[dict]:
             shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(staged.path, tmp, copy_function=_link_or_copy)
+            link_tree(staged.path, tmp)
             files = []
             for p in sorted(tmp.rglob("*")):
                 if p.is_file():
@@ -177,13 +177,6 @@ class DirectoryPublisher:
 
     async def close(self) -> None:
         return None
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 class StorePublisher:

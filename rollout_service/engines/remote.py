@@ -16,7 +16,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -29,6 +28,7 @@ import httpx
 from rollout_service.engines.base import Engine, EngineDead, GenerateRequest, GenerateResult, SamplingParams
 from rollout_service.engines.sampling import check_sampling
 from shared.adapters import is_adapter_dir
+from shared.linktree import link_tree
 
 log = logging.getLogger(__name__)
 
@@ -280,16 +280,7 @@ class RemoteEngine(Engine, abc.ABC):
         return out
 
     def _snapshot(self, version: int, src: Path) -> Path:
-        out = self._version_dir(version)
-        for f in src.rglob("*"):
-            if f.is_file():
-                dest = out / f.relative_to(src)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(f, dest)
-                except OSError:  # another filesystem, or links not allowed
-                    shutil.copy2(f, dest)
-        return out
+        return link_tree(src, self._version_dir(version))
 
     def _write_state_dict(self, version: int, state_dict: dict) -> Path:
         """Save an in-memory state dict as safetensors where the server can read it (same host / shared FS)."""
