@@ -5,12 +5,18 @@ first's tokens, merged into one sample), on the local engine with a ~21M-paramet
 8 layers, random init, fp32 on CPU), fixed output lengths (ignore_eos), `--concurrency` episodes at once:
 
   direct    ctx.generate twice, the second prompt built from the first call's tokens, episode_samples();
-  endpoint  an `async def run(client, task)` agent run by the worker's EntryRunner (openai.AsyncOpenAI over
-            loopback HTTP to the worker's endpoint, AgentServer, in the same process), then episode_samples().
+  in-process  an `async def run(client, task)` agent run by the worker's EntryRunner, its openai.AsyncOpenAI
+              calling the worker's endpoint app (AgentServer) in-process, as entry agents do by default
+              (rollout.agent.entry_transport: in_process); then episode_samples();
+  http        the same over loopback HTTP to the endpoint's uvicorn server in the same process
+              (entry_transport: http; command and service agents come this way, from their own processes).
 
-    python -m bench.agent_endpoint [--episodes 64] [--concurrency 16] [--tokens 32] [--threads 1]
+The three sides run interleaved, `--episodes` each per round, the order turned each round, so a slow
+patch of the machine hits them alike; each side's figure is its episodes over its summed seconds.
 
-Last line: `agent_endpoint_ratio: X` (endpoint episodes/s / direct episodes/s).
+    python -m bench.agent_endpoint [--episodes 32] [--rounds 6] [--concurrency 16] [--tokens 32] [--threads 1]
+
+Last lines: `agent_endpoint_http_ratio: X` and `agent_endpoint_ratio: X` (in-process episodes/s / direct).
 """
 
 from __future__ import annotations
@@ -94,26 +100,50 @@ async def main(args) -> None:
     ctx = WorkflowContext(engine=engine, tokenizer=engine.tokenizer, reward=None, tools=ToolRegistry(), cfg=cfg)
     server = AgentServer(ctx)
     await server.start()
-    runner = EntryRunner("bench.agent_endpoint:two_turn_agent")
+    app = server.store.app  # rollout.agent.entry_transport: in_process (the default)
+    runners = {"in-process": EntryRunner("bench.agent_endpoint:two_turn_agent"),
+               "http": EntryRunner("bench.agent_endpoint:two_turn_agent")}
+
+    def side(name: str):
+        if name == "direct":
+            return lambda i: direct_episode(ctx, i, args.tokens)
+
+        async def one(i: int) -> int:
+            server.store.app = app if name == "in-process" else None  # what the runner's first call sees
+            return await endpoint_episode(server, runners[name], i)
+        return one
+
+    names = ["direct", "in-process", "http"]
+    secs, toks = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
     try:
-        await timed(args.concurrency, args.concurrency, lambda i: direct_episode(ctx, i, args.tokens))  # warm-up
-        await timed(args.concurrency, args.concurrency, lambda i: endpoint_episode(server, runner, i))
-        d_s, d_tok = await timed(args.episodes, args.concurrency, lambda i: direct_episode(ctx, i, args.tokens))
-        e_s, e_tok = await timed(args.episodes, args.concurrency, lambda i: endpoint_episode(server, runner, i))
+        for name in names:  # warm-up
+            await timed(args.concurrency, args.concurrency, side(name))
+        for r in range(args.rounds):  # interleaved, the order turned each round: drift hits every side alike
+            for name in names[r % 3:] + names[: r % 3]:
+                s, tok = await timed(args.episodes, args.concurrency, side(name))
+                print(f"round {r + 1} {name:10s} {args.episodes / s:.2f} episodes/s")
+                secs[name] += s
+                toks[name] += tok
     finally:
-        await runner.close()
+        for runner in runners.values():
+            await runner.close()
         await server.close()
         await engine.close()
-    assert d_tok == e_tok == args.episodes * 2 * args.tokens
-    print(f"episodes {args.episodes} (2 calls x {args.tokens} tokens), concurrency {args.concurrency}")
-    print(f"direct:   {args.episodes / d_s:.2f} episodes/s, {d_tok / d_s:.1f} tokens/s ({d_s:.2f} s)")
-    print(f"endpoint: {args.episodes / e_s:.2f} episodes/s, {e_tok / e_s:.1f} tokens/s ({e_s:.2f} s)")
-    print(f"agent_endpoint_ratio: {d_s / e_s:.3f}")
+    total = args.rounds * args.episodes
+    assert all(t == total * 2 * args.tokens for t in toks.values()), toks
+    print(f"episodes {total} a side in {args.rounds} rounds (2 calls x {args.tokens} tokens), "
+          f"concurrency {args.concurrency}")
+    for name in names:
+        print(f"{name:10s}  {total / secs[name]:.2f} episodes/s, {toks[name] / secs[name]:.1f} tokens/s "
+              f"({secs[name]:.2f} s)")
+    print(f"agent_endpoint_http_ratio: {secs['direct'] / secs['http']:.3f}")
+    print(f"agent_endpoint_ratio: {secs['direct'] / secs['in-process']:.3f}")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--episodes", type=int, default=64)
+    p.add_argument("--episodes", type=int, default=32, help="episodes a side per round")
+    p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--tokens", type=int, default=32, help="tokens per call (fixed: ignore_eos)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the engine (1 is fastest on a shared "

@@ -1,7 +1,8 @@
 """Where an agent runs for one episode.
 
 EntryRunner    `async def run(client: openai.AsyncOpenAI, task: dict) -> float | None`, imported from
-               'package.module:function' (or 'path/to/file.py:function'), called in the worker.
+               'package.module:function' (or 'path/to/file.py:function'), called in the worker; its
+               client calls the endpoint's app in-process (rollout.agent.entry_transport) or over HTTP.
 CommandRunner  an external command, any language: started per episode with OPENAI_BASE_URL,
                OPENAI_API_KEY (the session's key), JETRL_SESSION_ID and JETRL_REWARD_URL in its
                environment and the task (JSON) on stdin; the episode ends when it exits (0).
@@ -73,15 +74,33 @@ class EntryRunner:
                                     "openai.AsyncOpenAI client; install it: pip install 'jetrl[agents]'") from None
         self.openai = openai
         self._http = None  # one connection pool for every episode's client (a client per episode is cheap then)
+        # openai looks up the OS for its X-Stainless-OS header in a worker thread at a client's first request;
+        # with a client per episode that thread hop came back at a different time for each episode and set
+        # episodes that started together a decode step apart for the rest of their calls (bench/agent_endpoint.py:
+        # 16 vs 8 prefills, 256 vs 248 steps). Looked up once here and given to every episode's client.
+        self._platform = None
+        with contextlib.suppress(Exception):
+            from openai._base_client import get_platform
+
+            self._platform = get_platform()
 
     async def __call__(self, session: Session, store: SessionStore) -> float | None:
         if self._http is None:
             import httpx
 
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
-                                           limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            if store.app is not None:  # rollout.agent.entry_transport: in_process
+                # the endpoint's own app, called in this task: same routes and checks, no socket or HTTP parsing
+                # (on a 2-core box that is ~6 % of an agent's episode rate, bench/agent_endpoint.py); an app
+                # error comes back as the 500 an HTTP client would get
+                transport = httpx.ASGITransport(app=store.app, raise_app_exceptions=False)
+                self._http = httpx.AsyncClient(transport=transport, timeout=None)
+            else:
+                self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+                                               limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         client = self.openai.AsyncOpenAI(base_url=store.url(session), api_key=session.key, max_retries=0,
                                          http_client=self._http)
+        if self._platform is not None and getattr(client, "_platform", 0) is None:
+            client._platform = self._platform  # see __init__
         try:
             value = await self.fn(client, task_json(session.task))
         except EpisodeError:

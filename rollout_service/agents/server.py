@@ -42,6 +42,7 @@ class AgentServer:
             await asyncio.sleep(0.01)
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         self.store.base_url = (self.cfg.public_url or f"http://{self.cfg.host}:{self.port}").rstrip("/")
+        self.store.app = app if self.cfg.entry_transport == "in_process" else None
         log.info("OpenAI-compatible endpoint on %s/sessions/<id>/v1", self.store.base_url)
         return self.store.base_url
 

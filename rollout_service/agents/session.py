@@ -70,6 +70,7 @@ class SessionStore:
         self.max_calls = max_calls
         self.sessions: dict[str, Session] = {}
         self.base_url = ""  # set once the server listens
+        self.app = None  # the endpoint's ASGI app when entry agents call it in-process (rollout.agent.entry_transport)
 
     def open(self, task: Any, index: int) -> Session:
         s = Session(id=uuid.uuid4().hex, key=secrets.token_urlsafe(32), task=task, index=index,

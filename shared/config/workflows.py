@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from shared.config.base import Section
@@ -77,6 +79,11 @@ class AgentConfig(Section):
     public_url: str = Field(
         "", description="Base URL agents are given ('' = http://<host>:<port>); set it when agents reach the "
         "worker through another address (a container, a service name).",
+    )
+    entry_transport: Literal["in_process", "http"] = Field(
+        "in_process", description="How an entry agent's openai client (workflow_args.entry) reaches the endpoint: "
+        "in_process calls the endpoint's app directly (httpx.ASGITransport: the same routes, checks and recording, "
+        "no socket, no HTTP parsing); http goes over TCP to host:port, as command and service agents do.",
     )
     timeout_s: float = Field(
         300.0, gt=0, description="Wall-clock limit of one episode; an agent still running past it is stopped "

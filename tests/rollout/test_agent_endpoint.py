@@ -186,3 +186,46 @@ async def test_a_port_in_use_fails_the_start_naming_the_setting():
             async with endpoint(ScriptedEngine(tok, lambda p, n: "x"), tok,
                                 agent_config(agent={"port": busy.getsockname()[1]})):
                 pass
+
+
+async def _two_fixed_turns(client, task):
+    msgs = [{"role": "user", "content": task["prompt"]}]
+    r = await client.chat.completions.create(model="m", messages=msgs, max_tokens=6)
+    msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "again"}]
+    await client.chat.completions.create(model="m", messages=msgs, max_tokens=6)
+    return 1.0
+
+
+async def test_entry_agents_started_together_stay_in_one_batch_in_process():
+    """Eight entry agents started at once, fixed output lengths: each of their two calls is prefilled as one
+    batch (2 prefills in all). It took 3-4 when each episode's new openai client looked up the OS in a worker
+    thread at its first request (the hop came back at a different time for each) and the episodes then ran a
+    decode step apart; and the calls reached the endpoint's app without a socket."""
+    import asyncio
+
+    from rollout_service.agents.runners import EntryRunner
+
+    cfg = agent_config(sampling={"ignore_eos": True}, local={"max_batch": 16, "max_prefill_batch": 16})
+    engine = LocalEngine(cfg)
+    await engine.start()
+    prefills = []
+    real = engine._prefill
+    engine._prefill = lambda seqs: (prefills.append(len(seqs)), real(seqs))[1]
+    runner = EntryRunner(f"{__name__}:_two_fixed_turns")
+    try:
+        async with endpoint(engine, engine.tokenizer, cfg) as server:
+            async def episode(i):
+                s = server.store.open(task(f"max {i} 3 ="), i)
+                try:
+                    assert await runner(s, server.store) == 1.0
+                finally:
+                    server.store.close(s)
+                return episode_samples(s.calls, 1.0)
+
+            samples = await asyncio.gather(*(episode(i) for i in range(8)))
+            assert type(runner._http._transport).__name__ == "ASGITransport"
+    finally:
+        await runner.close()
+        await engine.close()
+    assert all(len(s) == 1 and s[0].num_generated == 12 for s in samples)  # two calls merged, 6 + 6 tokens
+    assert prefills == [8, 8]

@@ -72,9 +72,11 @@ def test_agent_workflow_args_are_checked_at_start():
     assert isinstance(load_workflow("agent", {"command": "node agent.mjs"}), AgentWorkflow)
 
 
-async def test_failing_agents_are_dead_lettered_with_the_reason_and_the_worker_keeps_serving(nats_config, nc, js):
+@pytest.mark.parametrize("transport", ["in_process", "http"])
+async def test_failing_agents_are_dead_lettered_with_the_reason_and_the_worker_keeps_serving(nats_config, nc, js,
+                                                                                              transport):
     wf = AgentWorkflow(entry=f"{HERE / 'agent_examples.py'}:by_prompt")
-    worker = make_worker(nats_config, wf, timeout_s=4.0)
+    worker = make_worker(nats_config, wf, timeout_s=4.0, entry_transport=transport)
     run = asyncio.create_task(worker.run())
     await publish(js, nc, ["crash-0", "hang-1", "endless-2", "ok-3", "self-4"])
     reasons = await dead_letters(js, 3)
@@ -82,6 +84,8 @@ async def test_failing_agents_are_dead_lettered_with_the_reason_and_the_worker_k
     await publish(js, nc, ["ok-5"])  # after all that, the worker still serves
     groups |= {g.prompt_id: g for g in await groups_for(js, 3)}
     await wait_for(lambda: _empty(js), what="every prompt acked or terminated")
+    # the entry agents' client went in-process (no socket) or over HTTP, as configured
+    assert (type(wf.runner._http._transport).__name__ == "ASGITransport") == (transport == "in_process")
     worker.stop()
     await asyncio.wait_for(run, 30)
     assert set(reasons) == {"crash-0", "hang-1", "endless-2"} and set(groups) == {"ok-3", "self-4", "ok-5"}
@@ -90,6 +94,7 @@ async def test_failing_agents_are_dead_lettered_with_the_reason_and_the_worker_k
     assert "still running after rollout.agent.timeout_s = 4 s" in reasons["hang-1"]
     assert "never ended its episode: kept calling past rollout.agent.max_calls = 6" in reasons["endless-2"]
     assert not worker.agents.store.sessions  # every session closed
+    assert (worker.agents.store.app is not None) == (transport == "in_process")
     ok = groups["ok-3"]
     assert ok.workflow == "agent" and len(ok.samples) == 2
     for s in ok.samples:  # two calls merged into one sample, scored by the reward service on the last answer
