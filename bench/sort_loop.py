@@ -3,12 +3,13 @@ sort settings were chosen with (launcher/demo.py, SORT_OPTIM / SORT_ALGORITHM), 
 services' runs are held against.
 
 The tiny policy (2 layers, hidden 64) answers "sort 3 8 1 5 2 0 =" with six tokens limited to the ten
-digits (the same logits mask as rollout.sampling.allowed_token_ids); 16 prompts x 8 samples per
-version; GRPO advantages; held-out greedy reward on 200 prompts of the held-out side of the split.
+digits (the same logits mask as rollout.sampling.allowed_token_ids); 128 prompts x 8 samples per
+version (the demo's sort settings: 16 PPO minibatches, lr 3e-4); GRPO advantages; held-out greedy
+reward on 200 prompts of the held-out side of the split.
 `--stale K` samples each batch from the policy K versions old (a fixed staleness, as a stand-in for
 an asynchronous run) so the objectives can be compared without the services.
 
-    python -m bench.sort_loop [--versions 400] [--lr 1e-3] [--minibatches 4] [--stale 0]
+    python -m bench.sort_loop [--versions 100] [--lr 3e-4] [--minibatches 16] [--prompts 128] [--stale 0]
                               [--objective ppo] [--set trainer.algorithm.KEY=VALUE ...]
 
 Last line: `sort_loop_heldout: X` (held-out reward after the last version).
@@ -53,14 +54,14 @@ def generate(model, tok, prompts: list[str], n: int, allowed, greedy: bool = Fal
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--versions", type=int, default=400)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--minibatches", type=int, default=4)
+    ap.add_argument("--versions", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--minibatches", type=int, default=16)
     ap.add_argument("--objective", default="ppo")
     ap.add_argument("--stale", type=int, default=0, help="sample from the policy this many versions old")
-    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--set", action="append", default=[], help="more config overrides, key=value")

@@ -6,7 +6,7 @@ compare when samples are stale, so that what an off-policy correction buys is vi
   iw_reinforce   max_staleness 4, importance-weighted REINFORCE: -A pi_theta / pi_behav, no clip, no cap
   no_correction  max_staleness 4, REINFORCE on stale samples as if they were fresh (-A log pi_theta)
 
-All four keep the task's settings, so for sort each takes trainer.algorithm.ppo_minibatches = 4
+All four keep the task's settings, so for sort each takes trainer.algorithm.ppo_minibatches = 8
 optimizer steps per batch: they differ only in staleness and in the objective.
 
 Each run writes its own summary.json and plots under <out>/<variant>/; the ablation writes
@@ -41,7 +41,7 @@ def demo_minibatches(task: str) -> int:
 
 
 def variants(task: str = "sort") -> list[Variant]:
-    """The runs of the ablation, in order. All keep the task's settings (for sort: 4 PPO minibatches, so
+    """The runs of the ablation, in order. All keep the task's settings (for sort: 8 PPO minibatches, so
     every run takes the same optimizer steps); they differ in staleness and objective only."""
     k = demo_minibatches(task)
     steps = f", {k} minibatches" if k > 1 else ""

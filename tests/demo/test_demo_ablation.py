@@ -39,7 +39,8 @@ def test_ablation_variants_validate_and_differ_as_documented(tmp_path):
     assert a["sync"].objective == a["decoupled"].objective == "ppo" and a["decoupled"].decoupled
     assert a["iw_reinforce"].objective == "iw_reinforce" and not a["iw_reinforce"].decoupled
     assert a["no_correction"].objective == "reinforce"
-    assert {x.ppo_minibatches for x in a.values()} == {4}  # the same optimizer steps in every run
+    assert {x.ppo_minibatches for x in a.values()} == {8}  # the same optimizer steps in every run
+    assert {c.schedule.batch_size for c in cfgs.values()} == {128}
     assert all(c.schedule.max_staleness == (0 if k == "sync" else 4) for k, c in cfgs.items())
 
 

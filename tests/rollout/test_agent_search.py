@@ -13,7 +13,7 @@ from rollout_doubles import QWEN_LIKE_TEMPLATE, ScriptedEngine, char_tokenizer
 
 from examples.agents.search import agent
 from examples.agents.search.data import make_world, write
-from examples.agents.search.reward import score_answer
+from examples.agents.search.reward import episode_reward, score_answer
 from rollout_service.agents.trajectory import episode_samples
 from shared.messages import PromptTask
 
@@ -40,8 +40,22 @@ def test_reward_on_hand_made_answers(text, reward, answered):
     assert score_answer(text, "Caldoria") == (reward, {"answered": answered})
 
 
+@pytest.mark.parametrize(("final", "found", "reward"), [
+    ("Answer: Caldoria", 0, 1.0),  # right without a search that found anything: still right
+    ("Answer: Caldoria", 2, 1.0),
+    ("Answer: Belmoria", 0, 0.0),  # wrong, no search found passages
+    ("Answer: Belwick", 1, 0.1),  # one hop searched, answered the town
+    ("", 2, 0.2),  # searched both hops, ran out of turns
+    ("Answer: Belmoria", 3, 0.2),  # the credit stops at two searches
+])
+def test_episode_reward_gives_partial_credit_for_searches_that_found_passages(final, found, reward):
+    assert episode_reward(final, "Caldoria", found) == pytest.approx(reward)
+
+
 def scripted_searcher(prompt: str, n: int) -> str:
-    """Searches for the person, then for the town it read, then answers with the country it read."""
+    """Searches for the person, then for the town it read, then answers with the country it read (of the
+    last question: the worked example before it has its own searches)."""
+    prompt = prompt[prompt.rindex("In which country was"):]
     responses = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", prompt, re.DOTALL)
     if not responses:
         person = re.search(r"was (.+) born\?", prompt).group(1)
@@ -65,6 +79,7 @@ async def test_one_search_episode_end_to_end_through_the_endpoint(tmp_path):
     assert len(session.calls) == 3
     (sample,) = episode_samples(session.calls, reward)
     text = tok.decode(sample.tokens[sample.loss_mask == 0].tolist(), skip_special_tokens=False)
-    assert text.count("<tool_response>") == 2 and row["metadata"]["town"] in text  # search results: masked
+    # the worked example's two search results and the episode's own two: in the prompt, masked
+    assert text.count("<tool_response>") == 4 and row["metadata"]["town"] in text
     policy = tok.decode(sample.tokens[sample.loss_mask == 1].tolist(), skip_special_tokens=False)
     assert policy.count("<tool_call>") == 2 and policy.endswith(f"Answer: {row['reference']}<|im_end|>")
