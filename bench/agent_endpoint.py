@@ -105,13 +105,11 @@ async def main(args) -> None:
                "http": EntryRunner("bench.agent_endpoint:two_turn_agent")}
 
     def side(name: str):
+        """The episode function of one side, called right before that side runs."""
         if name == "direct":
             return lambda i: direct_episode(ctx, i, args.tokens)
-
-        async def one(i: int) -> int:
-            server.store.app = app if name == "in-process" else None  # what the runner's first call sees
-            return await endpoint_episode(server, runners[name], i)
-        return one
+        server.store.app = app if name == "in-process" else None  # what each runner's first call sees
+        return lambda i: endpoint_episode(server, runners[name], i)
 
     names = ["direct", "in-process", "http"]
     secs, toks = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
@@ -124,6 +122,8 @@ async def main(args) -> None:
                 print(f"round {r + 1} {name:10s} {args.episodes / s:.2f} episodes/s")
                 secs[name] += s
                 toks[name] += tok
+        in_process = {name: type(r._http._transport).__name__ == "ASGITransport" for name, r in runners.items()}
+        assert in_process == {"in-process": True, "http": False}, in_process  # each side went the way it says
     finally:
         for runner in runners.values():
             await runner.close()
