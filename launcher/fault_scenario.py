@@ -41,6 +41,7 @@ from shared.messages import WeightVersion
 # Killed in this order; the names are the supervisor's children.
 FAULTS = ("rollout", "reward", "trainer", "weights", "controller", "nats")
 IN_FLIGHT_STATES = ("released", "received")
+IDLE_S = 4.0  # no trainer step for this long: it has used up the prompts enqueued so far
 
 
 @dataclass
@@ -157,6 +158,7 @@ class FaultScenario:
         self.outcomes: list[FaultOutcome] = []
         self.poisons: list[PoisonOutcome] = []
         self._enqueued = 0  # slices so far
+        self._top_ups = 0  # single steps' prompts added to put the trainer between two checkpoints
         self._events: dict[str, list[dict]] = collections.defaultdict(list)
         self._after: dict[str, int] = collections.defaultdict(int)
         self._mark_step = 0  # trainer step when the last fault recovered
@@ -203,6 +205,15 @@ class FaultScenario:
         await self._retry(lambda: self.launcher.enqueue(path), f"enqueueing slice {i}")
         self._enqueued += 1
         return n
+
+    async def top_up(self) -> None:
+        """Enqueue one more step's prompts (fresh group ids); at most a few per run, within the last
+        slice's slack, so the pacing above still holds."""
+        self._top_ups += 1
+        i = self._top_ups
+        path = write_jsonl(make_rows(self.batch_size, seed=5000 + i, unique=False),
+                           self.root / "data" / f"top-up-{i}.jsonl")
+        await self._retry(lambda: self.launcher.enqueue(path), f"enqueueing top-up {i}")
 
     # --- reading the run --------------------------------------------------------------------------
     async def _api(self, path: str, **params) -> Any:
@@ -336,10 +347,17 @@ class FaultScenario:
             async def between_checkpoints() -> bool:
                 # 2+ steps past the latest checkpoint and 2+ before the next: the kill loses steps
                 cks = [e for e in await self.events("checkpoint") if e["time"] > since]
-                if not cks:
-                    return False
-                ck = max(cks, key=lambda e: e["time"])["data"]["step"]
-                return ck + 2 <= await self._last_step() <= ck + every - 2
+                steps = await self.events("step")
+                step = steps[-1]["data"]["step"] if steps else 0
+                if cks:
+                    ck = max(cks, key=lambda e: e["time"])["data"]["step"]
+                    if ck + 2 <= step <= ck + every - 2:
+                        return True
+                # Where the trainer runs out of prompts depends on how many groups earlier faults cost
+                # (dropped as stale, dead-lettered): if it idles outside the window, feed it one step more.
+                if steps and time.time() - steps[-1]["time"] > IDLE_S:
+                    await self.top_up()
+                return False
 
             await self._until(between_checkpoints, "the trainer between two checkpoints")
 

@@ -5,6 +5,7 @@ same trajectory groups. NATS runs on a third host."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,9 +42,16 @@ async def _train(net, hosts: list[str], nats_url: str, js, nc, tmp: Path, run: s
                  f"trainer.master_addr={net.addr(hosts[0])}"] if len(hosts) > 1 else [])
         procs.append(net.spawn(host, CLI + ["trainer", *ov, *node], env={"OMP_NUM_THREADS": "1"},
                                log=tmp / f"trainer-{run}-{host}.log", cwd=Path(__file__).resolve().parents[2]))
+    logs = [tmp / f"trainer-{run}-{host}.log" for host in hosts]
     for rank, p in enumerate(procs):
-        code = await asyncio.to_thread(p.wait, 300)
-        log = (tmp / f"trainer-{run}-{hosts[rank]}.log").read_text(errors="replace")
+        try:
+            code = await asyncio.to_thread(p.wait, 240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            tails = "\n".join(f"--- node {r}:\n{f.read_text(errors='replace')[-3000:]}" for r, f in enumerate(logs))
+            pytest.fail(f"node {rank} still running after 240 s\n{tails}")
+        log = logs[rank].read_text(errors="replace")
         assert code == 0, f"node {rank} exited {code}:\n{log[-4000:]}"
     return _final_weights(tmp / "published", run)
 
