@@ -20,6 +20,7 @@ def track_cmd(
     stage timings, evaluations, rollout metrics and weight loads from EVENTS, reward and length
     statistics per version from TRAJECTORIES."""
     import asyncio
+    import os
     import signal
     from pathlib import Path
 
@@ -33,6 +34,8 @@ def track_cmd(
     cfg = load_or_exit(config, ov)
     setup_logging(cfg.telemetry, "track")
     t = cfg.tracking
+    if t.nice and hasattr(os, "nice"):
+        os.nice(t.nice)
     out = Path(dir or t.dir or "jetrl-tracking")
     try:
         writer = WRITERS[t.to](out, cfg.run, project=t.project, name=t.name, mode=t.wandb_mode,

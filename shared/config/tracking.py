@@ -24,3 +24,6 @@ class TrackingConfig(Section):
     from_start: bool = Field(True, description="Replay the run's retained events and trajectories from the start "
                              "of the streams (False: only what arrives from now on).")
     flush_every_s: float = Field(5.0, gt=0, description="How often the tracker's buffers are flushed to disk.")
+    nice: int = Field(10, ge=0, le=19, description="CPU priority the tracker gives up (Unix `nice` increment): an "
+                      "observer yields to the trainer and rollout workers on a busy host and catches up when they "
+                      "idle (the streams keep what it has not read yet). 0 = the default priority.")
