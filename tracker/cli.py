@@ -34,8 +34,7 @@ def track_cmd(
     cfg = load_or_exit(config, ov)
     setup_logging(cfg.telemetry, "track")
     t = cfg.tracking
-    if t.nice and hasattr(os, "nice"):
-        os.nice(t.nice)
+    niceness = os.nice(t.nice) if hasattr(os, "nice") else 0  # os.nice returns the new niceness
     out = Path(dir or t.dir or "jetrl-tracking")
     try:
         writer = WRITERS[t.to](out, cfg.run, project=t.project, name=t.name, mode=t.wandb_mode,
@@ -44,7 +43,7 @@ def track_cmd(
         typer.secho(f"jetrl track --to {t.to}: {exc.name or exc} is not installed (pip install 'jetrl[tracking]')",
                     fg="red", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"tracking run {cfg.run} to {t.to} at {writer.path}")
+    typer.echo(f"tracking run {cfg.run} to {t.to} at {writer.path} (nice {niceness})")
     sink = TrackerSink(cfg, writer)
     if cfg.telemetry.metrics_port >= 0:
         start_metrics(cfg.telemetry, sink.registry)
