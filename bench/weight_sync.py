@@ -216,6 +216,6 @@ if __name__ == "__main__":
     if args.cross_host:
         from bench.weight_fanout import run
 
-        run(args.gib, args.dir)
+        run(args.gib, args.dir, args.repeats)
     else:
         asyncio.run(main(args))

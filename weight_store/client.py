@@ -34,8 +34,15 @@ from shared.messages import WeightVersion
 from weight_store import shards as sh
 from weight_store import transfer
 from weight_store.announce import VersionConflict, announce, latest
-from weight_store.manifest import MANIFEST, check_adapter, manifest_bytes, manifest_sha256
-from weight_store.storage import check_file_name, check_run, check_version, sha256_file
+from weight_store.manifest import (
+    MANIFEST,
+    check_adapter,
+    file_digest,
+    hash_file,
+    manifest_bytes,
+    manifest_sha256,
+)
+from weight_store.storage import check_file_name, check_run, check_version
 from weight_store.transfer import DigestMismatch, TransferError, WeightStoreError
 
 log = logging.getLogger("jetrl.weights.client")
@@ -218,7 +225,7 @@ class WeightStoreClient:
         local = self._shared_dir(run, version)
         if local is not None:
             await asyncio.to_thread(_check_files, local, json.loads((local / MANIFEST).read_bytes()),
-                                    self.cfg.verify_shared_sha256, self.chunk)
+                                    self.cfg.digest if self.cfg.verify_shared_sha256 else None, self.chunk)
             return local
         async with self._fetching.setdefault((run, version), asyncio.Lock()):  # one download per version
             return await self._download(run, version)
@@ -228,7 +235,7 @@ class WeightStoreClient:
         dest = self.cache / run / str(version)
         if (dest / MANIFEST).is_file():
             try:
-                await asyncio.to_thread(_check_files, dest, manifest, False, self.chunk)
+                await asyncio.to_thread(_check_files, dest, manifest, None, self.chunk)
                 return dest
             except WeightStoreError:
                 shutil.rmtree(dest, ignore_errors=True)
@@ -242,7 +249,7 @@ class WeightStoreClient:
                 await asyncio.to_thread(transfer.get_file, f"{self.base}{vpath}/files/{quote(name)}", part / name,
                                         f["size"], f["sha256"], headers=self._headers(False), chunk=self.chunk,
                                         timeout=self.cfg.timeout_s, retries=self.cfg.retries,
-                                        verify=self.cfg.verify_sha256)
+                                        check=file_digest(f, self.cfg.digest) if self.cfg.verify_sha256 else None)
 
         await asyncio.gather(*(get(f) for f in manifest["files"]))
         (part / MANIFEST).write_bytes(manifest_bytes(manifest))
@@ -278,7 +285,9 @@ def _bytes_buffers(data: bytes) -> transfer.Buffers:
     return lambda: [memoryview(data)]
 
 
-def _check_files(d: Path, manifest: dict, sha: bool, chunk: int) -> None:
+def _check_files(d: Path, manifest: dict, digest: str | None, chunk: int) -> None:
+    """Every file of `manifest` is in `d` with its size and, unless `digest` is None, the digest
+    manifest.file_digest picks for it (`digest` where the manifest has it, else sha256)."""
     for f in manifest["files"]:
         p = d / check_file_name(f["name"])
         try:
@@ -287,8 +296,11 @@ def _check_files(d: Path, manifest: dict, sha: bool, chunk: int) -> None:
             raise WeightStoreError(0, "missing_file", f"{p} is missing", str(p)) from None
         if size != f["size"]:
             raise WeightStoreError(0, "size_mismatch", f"{p} has {size} bytes, the manifest says {f['size']}", str(p))
-        if sha and (got := sha256_file(p, chunk)) != f["sha256"]:
-            raise DigestMismatch(str(p), f["sha256"], got)
+        if digest is None:
+            continue
+        algo, want = file_digest(f, digest)
+        if (got := hash_file(p, algo, chunk)) != want:
+            raise DigestMismatch(str(p), want, got, algo)
 
 
 def load_state_dict(path: str | os.PathLike, device: str = "cpu") -> dict[str, torch.Tensor]:

@@ -5,7 +5,14 @@ A committed version is the directory `<weights.root>/<run>/<version>/` holding i
 `manifest.json` (written last, by the store, at commit):
 
     {"format": 1, "run": "demo", "version": 4, "step": 4, "dtype": "float32", "created_at": 1.7e9,
-     "files": [{"name": "model.safetensors", "size": 123, "sha256": "<hex>"}, ...], "metadata": {...}}
+     "files": [{"name": "model.safetensors", "size": 123, "sha256": "<hex>", "xxh3_128": "<hex>"}, ...],
+     "metadata": {...}}
+
+Each file carries its sha256 (declared by the uploader, checked by the store) and, from stores of jetrl
+0.3.3 on, its xxh3_128 (32 hex digits, computed by the store from the bytes it received). Readers check
+the digest `weights.digest` names (`file_digest`): xxh3_128 by default, since hashing a GiB with sha256
+costs ~0.6 s of a core, and four workers fetching at once on one host spent ~40 % of their time on it
+(docs/benchmarks.md); sha256 where the manifest has no xxh3_128.
 
 A LoRA version (a PEFT adapter dir: adapter_config.json + adapter_model.safetensors) adds
 
@@ -29,10 +36,41 @@ import os
 import re
 from pathlib import Path
 
+import xxhash
+
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MODULE = re.compile(r"[A-Za-z0-9_.]{1,128}")
+
+
+def new_hasher(algo: str):
+    """A hashlib-style hasher (`update`, `hexdigest`) for a manifest digest: xxh3_128 or sha256."""
+    if algo == "xxh3_128":
+        return xxhash.xxh3_128()
+    if algo == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown digest {algo!r} (xxh3_128 or sha256)")
+
+
+def hash_file(path: str | os.PathLike, algo: str = "sha256", chunk: int = 8 << 20) -> str:
+    """The hex digest (new_hasher: sha256 or xxh3_128) of a file, read in `chunk` pieces."""
+    h = new_hasher(algo)
+    buf = bytearray(chunk)
+    mv = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(mv):
+            h.update(mv[:n])
+    return h.hexdigest()
+
+
+def file_digest(entry: dict, prefer: str) -> tuple[str, str]:
+    """(algorithm, hex) to check a manifest file entry with: `prefer` where the entry carries it, else
+    its sha256 (every entry has one)."""
+    got = entry.get(prefer)
+    if isinstance(got, str) and got:
+        return prefer, got
+    return "sha256", entry["sha256"]
 
 
 def kind(manifest: dict) -> str:

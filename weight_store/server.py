@@ -41,7 +41,7 @@ from starlette.responses import Response
 
 from shared.auth import AuthConfigError, RefuseControlChars, check_auth_setting, token_matches
 from shared.config import WeightStoreConfig
-from weight_store.manifest import check_adapter
+from weight_store.manifest import check_adapter, new_hasher
 from weight_store.ranges import RangeError, parse_range
 from weight_store.storage import Storage, StoreError, check_file_name, check_run, check_version
 
@@ -122,10 +122,11 @@ def _check_token(request: Request, wanted: list[str]) -> None:
         raise StoreError(403, "forbidden", "the bearer token is not valid for this request")
 
 
-def _write_hash(fd: int, h, chunks: list[bytes]) -> None:
+def _write_hash(fd: int, hashers, chunks: list[bytes]) -> None:
     """Hash and append the received chunks (handed over as they came: no joining copy)."""
     for c in chunks:
-        h.update(c)
+        for h in hashers:
+            h.update(c)
     views = [memoryview(c) for c in chunks if c]
     while views:
         n = os.writev(fd, views[:1024])
@@ -136,10 +137,12 @@ def _write_hash(fd: int, h, chunks: list[bytes]) -> None:
             views[0] = views[0][n:]
 
 
-async def _receive_to_file(request: Request, part: Path, limit: int, chunk: int, metrics: Metrics) -> tuple[int, str]:
-    """Stream the request body into `part` with sha256 on the way; memory stays at ~2 chunks."""
+async def _receive_to_file(request: Request, part: Path, limit: int, chunk: int,
+                           metrics: Metrics) -> tuple[int, str, str]:
+    """Stream the request body into `part`; returns (size, sha256, xxh3_128), both digests computed on the
+    way (the manifest's, weight_store/manifest.py). Memory stays at ~2 chunks."""
     loop = asyncio.get_running_loop()
-    h = hashlib.sha256()
+    h = (new_hasher("sha256"), new_hasher("xxh3_128"))
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     pending: asyncio.Future | None = None
     chunks: list[bytes] = []
@@ -166,7 +169,7 @@ async def _receive_to_file(request: Request, part: Path, limit: int, chunk: int,
         if pending is not None:
             await asyncio.gather(pending, return_exceptions=True)
         os.close(fd)
-    return size, h.hexdigest()
+    return size, h[0].hexdigest(), h[1].hexdigest()
 
 
 class FileRangeResponse(Response):
@@ -385,13 +388,13 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
             part = await asyncio.to_thread(st.storage.new_part, run, v, name)
             st.uploading[(run, v)] += 1
         try:
-            size, digest = await _receive_to_file(request, part, limit, st.chunk, st.metrics)
+            size, digest, fast = await _receive_to_file(request, part, limit, st.chunk, st.metrics)
             if declared_len is not None and size != int(declared_len):
                 raise StoreError(400, "short_body", f"received {size} bytes, Content-Length said {declared_len}")
             if want and want != digest:
                 raise StoreError(400, "digest_mismatch",
                                  f"file {name!r}: declared sha256 {want}, received bytes hash to {digest}")
-            rec = await asyncio.to_thread(st.storage.finish_part, run, v, name, part, size, digest)
+            rec = await asyncio.to_thread(st.storage.finish_part, run, v, name, part, size, digest, fast)
         except ClientDisconnect:
             part.unlink(missing_ok=True)
             return Response(status_code=499)

@@ -83,9 +83,17 @@ class FileRecord:
     name: str
     size: int
     sha256: str
+    xxh3_128: str = ""  # computed by the store from the received bytes ('' in records of older stores)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "size": self.size, "sha256": self.sha256}
+        d = {"name": self.name, "size": self.size, "sha256": self.sha256}
+        if self.xxh3_128:
+            d["xxh3_128"] = self.xxh3_128
+        return d
+
+    @classmethod
+    def of(cls, r: dict) -> FileRecord:
+        return cls(r["name"], r["size"], r["sha256"], r.get("xxh3_128", ""))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -183,7 +191,8 @@ class Storage:
             raise StoreError(409, "exists", f"version {version} of run {run!r} is already committed")
         return self.staging_dir(run, version) / f".{uuid.uuid4().hex}.part"
 
-    def finish_part(self, run: str, version: int, name: str, part: Path, size: int, sha256: str) -> FileRecord:
+    def finish_part(self, run: str, version: int, name: str, part: Path, size: int, sha256: str,
+                    xxh3_128: str = "") -> FileRecord:
         """Record a fully received, digest-checked upload of `name`. The upload stays in its own part file
         and the record names that part: two uploads of the same name can never pair one's bytes with the
         other's digest (the last record written wins, whole). Commit moves the recorded part to `name`."""
@@ -194,7 +203,7 @@ class Storage:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        rec = FileRecord(name, size, sha256)
+        rec = FileRecord(name, size, sha256, xxh3_128)
         record = d / ".files" / _record_name(name)
         tmp = d / ".files" / f".{uuid.uuid4().hex}.tmp"
         tmp.write_text(json.dumps(dict(rec.as_dict(), part=part.name)))
@@ -213,8 +222,7 @@ class Storage:
             return None
 
     def staged_files(self, run: str, version: int) -> dict[str, FileRecord]:
-        return {name: FileRecord(r["name"], r["size"], r["sha256"])
-                for name, r in self._staged_records(run, version).items()}
+        return {name: FileRecord.of(r) for name, r in self._staged_records(run, version).items()}
 
     def _staged_records(self, run: str, version: int) -> dict[str, dict]:
         d = self.staging / check_run(run) / str(check_version(version)) / ".files"
@@ -280,7 +288,7 @@ class Storage:
             "step": step,
             "dtype": dtype,
             "created_at": time.time(),
-            "files": [FileRecord(n, records[n]["size"], records[n]["sha256"]).as_dict() for n in sorted(names)],
+            "files": [FileRecord.of(records[n]).as_dict() for n in sorted(names)],
             "metadata": metadata or {},
         }
         if adapter is not None:  # a LoRA version (weight_store/manifest.py)
@@ -353,12 +361,3 @@ class Storage:
         shutil.rmtree(dst, ignore_errors=True)
         (self.pins / run / str(version)).unlink(missing_ok=True)
 
-
-def sha256_file(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(chunk)
-    mv = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(mv):
-            h.update(mv[:n])
-    return h.hexdigest()

@@ -2,7 +2,7 @@
 
 Generic HTTP clients read a body in 64 KiB pieces through a parser (~130-300 MB/s here, see
 shared/notes/measured.md); this module sends the request itself and then moves the body with
-`recv_into` / `sendall` on 8 MiB buffers (sha256 on the same buffers), so the copy runs near memory
+`recv_into` / `sendall` on 8 MiB buffers (the digests on the same buffers), so the copy runs near memory
 speed. Only Content-Length bodies (what the weight store sends) are supported. The async client runs
 these functions in threads (hashing and socket I/O release the GIL, so parallel files overlap).
 """
@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
+from weight_store.manifest import new_hasher
+
 
 class WeightStoreError(Exception):
     """The store refused a request: `status` (HTTP), `code` and `message` from its JSON error body."""
@@ -32,8 +34,8 @@ class TransferError(OSError):
 
 
 class DigestMismatch(WeightStoreError):
-    def __init__(self, url: str, want: str, got: str):
-        super().__init__(0, "digest_mismatch", f"sha256 of the downloaded bytes is {got}, the manifest says {want}",
+    def __init__(self, url: str, want: str, got: str, algo: str = "sha256"):
+        super().__init__(0, "digest_mismatch", f"{algo} of the downloaded bytes is {got}, the manifest says {want}",
                          url)
 
 
@@ -178,28 +180,29 @@ def file_buffers(path: Path, chunk: int) -> Buffers:
 
 
 class _Digest:
-    """sha256 of a file being written, kept in step with its bytes (off when not verifying)."""
+    """The digest (manifest.new_hasher) of a file being written, kept in step with its bytes; None: off."""
 
-    def __init__(self, on: bool):
-        self.on = on
-        self.h = hashlib.sha256()
+    def __init__(self, algo: str | None):
+        self.algo = algo
+        self.h = new_hasher(algo) if algo else None
 
     def reset(self) -> None:
-        self.h = hashlib.sha256()
+        self.h = new_hasher(self.algo) if self.algo else None
 
     def update(self, data) -> None:
-        if self.on:
+        if self.h is not None:
             self.h.update(data)
 
     def hexdigest(self) -> str:
-        return self.h.hexdigest()
+        return self.h.hexdigest() if self.h is not None else ""
 
 
 def get_file(url: str, dest: Path, size: int, sha256: str, *, headers: dict[str, str], chunk: int,
-             timeout: float, retries: int, verify: bool) -> None:
+             timeout: float, retries: int, check: tuple[str, str] | None) -> None:
     """Download `url` into `dest` (exactly `size` bytes), resuming a partial `dest` with a Range
-    request after a cut connection (up to `retries` times), and check the sha256 if `verify`."""
-    digest = _Digest(verify)
+    request after a cut connection (up to `retries` times). `sha256` is the file's ETag; `check` is
+    (algorithm, hex) to verify the bytes against (manifest.file_digest), None to skip it."""
+    digest = _Digest(check[0] if check else None)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists() and dest.stat().st_size <= size:  # a partial file from an earlier try
         for piece in file_buffers(dest, chunk)():
@@ -218,9 +221,9 @@ def get_file(url: str, dest: Path, size: int, sha256: str, *, headers: dict[str,
             if attempt > retries:
                 raise
             time.sleep(min(0.1 * 2**attempt, 2.0))
-    if verify and digest.hexdigest() != sha256:
+    if check and digest.hexdigest() != check[1]:
         dest.unlink(missing_ok=True)
-        raise DigestMismatch(url, sha256, digest.hexdigest())
+        raise DigestMismatch(url, check[1], digest.hexdigest(), check[0])
 
 
 def _get_range(url: str, dest: Path, offset: int, size: int, headers: dict[str, str], etag: str, chunk: int,
@@ -255,19 +258,23 @@ def _get_range(url: str, dest: Path, offset: int, size: int, headers: dict[str, 
         first = conn.buf[:want]
         conn.buf = b""
         mv[: len(first)] = first
+        digest.update(first)
         filled, got = len(first), 0
         try:
             while got + filled < want:
                 n = conn.sock.recv_into(mv[filled:], min(chunk - filled, want - got - filled))
                 if not n:
                     raise TransferError(f"{url}: connection cut after {offset + got + filled} of {size} bytes")
+                # hashed as it arrives, while the piece is still in the CPU's cache (hashing the 8 MiB
+                # buffer at write time read it back from memory: docs/benchmarks.md, weight fan-out)
+                digest.update(mv[filled:filled + n])
                 filled += n
                 if filled == chunk:
-                    _flush(fd, mv[:filled], digest)
+                    _write_all(fd, mv[:filled])
                     got, filled = got + filled, 0
         finally:
-            if filled:  # keep what arrived before a cut: the resume continues from here
-                _flush(fd, mv[:filled], digest)
+            if filled:  # keep what arrived before a cut (hashed already): the resume continues from here
+                _write_all(fd, mv[:filled])
     except OSError as exc:
         raise exc if isinstance(exc, TransferError) else TransferError(f"GET {url}: {exc}") from exc
     finally:
@@ -276,8 +283,7 @@ def _get_range(url: str, dest: Path, offset: int, size: int, headers: dict[str, 
         conn.close()
 
 
-def _flush(fd: int, data: memoryview, digest: _Digest) -> None:
-    digest.update(data)
+def _write_all(fd: int, data: memoryview) -> None:
     while data:
         n = os.write(fd, data)
         data = data[n:]

@@ -104,7 +104,7 @@ async def test_download_resumes_with_range_after_a_cut_connection(store, tmp_pat
         url = transfer.file_url(f"http://127.0.0.1:{proxy.port}", "cut", 0, f["name"])
         dest = tmp_path / "dl.safetensors"
         transfer.get_file(url, dest, f["size"], f["sha256"], headers={}, chunk=1 << 20, timeout=30, retries=3,
-                          verify=True)
+                          check=("xxh3_128", f["xxh3_128"]))  # the digest of the resumed file stays in step
     finally:
         proxy.close()
     assert proxy.connections == 2
@@ -114,22 +114,39 @@ async def test_download_resumes_with_range_after_a_cut_connection(store, tmp_pat
     assert hashlib.sha256(dest.read_bytes()).hexdigest() == f["sha256"]
 
 
-async def test_a_flipped_byte_on_the_store_is_caught_by_sha256(store, tmp_path):
+async def test_the_store_records_both_digests_of_the_received_bytes(store, tmp_path):
+    import xxhash
+
+    from weight_store.manifest import file_digest, hash_file
+
     srv = store()
-    client = WeightStoreClient(srv.cfg)
+    wv = await WeightStoreClient(srv.cfg).publish("both", 0, state_dict(n=2))
+    f = wv.files[0]
+    stored = tmp_path / "root" / "both" / "0" / f["name"]
+    assert f["sha256"] == hashlib.sha256(stored.read_bytes()).hexdigest() == hash_file(stored, "sha256")
+    assert f["xxh3_128"] == xxhash.xxh3_128(stored.read_bytes()).hexdigest() == hash_file(stored, "xxh3_128", 4096)
+    assert file_digest(f, "xxh3_128") == ("xxh3_128", f["xxh3_128"])
+    assert file_digest({"sha256": "ab"}, "xxh3_128") == ("sha256", "ab")  # a manifest of an older store
+
+
+@pytest.mark.parametrize("digest", ["xxh3_128", "sha256"])
+async def test_a_flipped_byte_on_the_store_is_caught_by_the_digest(store, tmp_path, digest):
+    srv = store()
+    cfg = srv.cfg.model_copy(update={"digest": digest})
+    client = WeightStoreClient(cfg)
     wv = await client.publish("flip", 0, state_dict(n=2))
     stored = tmp_path / "root" / "flip" / "0" / wv.files[0]["name"]
     data = bytearray(stored.read_bytes())
     data[len(data) // 2] ^= 0x01  # same size, one bit differs
     stored.write_bytes(bytes(data))
-    with pytest.raises(DigestMismatch):
+    with pytest.raises(DigestMismatch, match=f"{digest} of the downloaded bytes"):
         await client.fetch("flip", 0)
-    assert not (srv.cfg.cache_dir and (tmp_path / srv.cfg.cache_dir / "flip" / "0").exists())
+    assert not (cfg.cache_dir and (tmp_path / cfg.cache_dir / "flip" / "0").exists())
     # in place on the shared filesystem: caught by default (issue 16: it used to be served silently)
-    shared = WeightStoreClient(srv.cfg.model_copy(update={"shared_fs": True}))
+    shared = WeightStoreClient(cfg.model_copy(update={"shared_fs": True}))
     with pytest.raises(DigestMismatch):
         await shared.fetch("flip", 0)
-    trusting = WeightStoreClient(srv.cfg.model_copy(update={"shared_fs": True, "verify_shared_sha256": False}))
+    trusting = WeightStoreClient(cfg.model_copy(update={"shared_fs": True, "verify_shared_sha256": False}))
     assert await trusting.fetch("flip", 0) == stored.parent  # the explicit opt-out: zero reads, zero copies
 
 
