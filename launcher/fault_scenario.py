@@ -11,7 +11,10 @@ only grow, and no group is trained twice in the final model's lineage.
 Pacing: the run's prompts come in slices, one dataset file per phase, so the trainer cannot reach
 schedule.total_steps (= slices x steps_per_slice) before the last fault; the last slice carries slack
 for groups dropped as stale or dead-lettered on the way (the controller never releases more than
-total_steps x batch_size groups that are not dropped, so the slack is simply left unreleased).
+total_steps x batch_size groups that are not dropped, so the slack is simply left unreleased). Before the
+trainer kill, if the trainer idles outside the window that kill needs (2+ steps past its latest
+checkpoint and 2+ before the next; where it stops depends on the groups earlier faults cost), the scenario
+adds one step's prompts at a time (`top_up`) until it is inside.
 
 Times are wall-clock (time.time()) on this host, the clock the services stamp their events with.
 """
