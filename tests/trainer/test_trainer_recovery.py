@@ -23,8 +23,10 @@ async def test_sigkill_after_step_3_with_checkpoint_at_2_resumes_at_version_2_an
     log = tmp_path / "trainer.log"
     p = start_trainer(ov, log)
     try:
-        await wait_for(js, RUN, lambda e: len(steps(e)) >= 3 and any(c["step"] == 2 for c in steps(e, "checkpoint")),
-                       proc=p, what="step 3 and the checkpoint at step 2")
+        # step 3's groups event too (it follows the step event): the first run has data for 3 steps only
+        await wait_for(js, RUN, lambda e: len(steps(e)) >= 3 and any(c["step"] == 2 for c in steps(e, "checkpoint"))
+                       and len([g for g in steps(e, "groups") if g["trained"]]) >= 3,
+                       proc=p, what="step 3, its groups and the checkpoint at step 2")
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(30)
@@ -36,18 +38,24 @@ async def test_sigkill_after_step_3_with_checkpoint_at_2_resumes_at_version_2_an
 
     p2 = start_trainer(ov, log, resume=True)
     try:
-        evs = await wait_for(js, RUN, lambda e: steps(e, "resumed") and len(steps(e)) >= 6, proc=p2,
-                             what="three steps after the resume")
+        await wait_for(js, RUN, lambda e: steps(e, "resumed") and len(steps(e)) >= 6, proc=p2,
+                       what="three steps after the resume")
         assert p2.wait(60) == 0, log.read_text()[-3000:]
     finally:
         if p2.poll() is None:
             p2.kill()
+    # Read after the trainer exited: the last step's groups event follows its step event (reading at the
+    # sixth step event once missed it in CI).
+    evs = await wait_for(js, RUN, lambda e: True)
     resumed = steps(evs, "resumed")[0]
     assert resumed["version"] == 2 and resumed["step"] == 2
     assert resumed["announced_version"] == 3 and resumed["next_version"] == 4
 
-    groups = [g for g in steps(evs, "groups") if g["trained"]]
-    first_run, second_run = groups[:3], groups[3:]
+    cut = next(i for i, e in enumerate(evs) if e.kind == "resumed")  # the runs split where the second began
+    first_run = [g for g in steps(evs[:cut], "groups") if g["trained"]]
+    second_run = [g for g in steps(evs[cut:], "groups") if g["trained"]]
+    groups = first_run + second_run
+    assert len(first_run) == 3 and len(second_run) == 3, (first_run, second_run)
     # The lineage of the final model: steps <= the checkpoint from the first run, everything after.
     lineage = [g for ev in first_run if ev["version"] <= 2 for g in ev["trained"]]
     lineage += [g for ev in second_run for g in ev["trained"]]
