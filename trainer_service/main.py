@@ -20,20 +20,6 @@ def _die_with_parent() -> None:
         pass
 
 
-def _exit_without_finalizing(code: int) -> None:
-    """Under torchrun, leave without Python's interpreter shutdown. A gloo worker thread may still be
-    destroying the last collective's work when the main thread finalizes the interpreter; its tensors
-    then decref Python objects, the thread is ended while taking the GIL, and the process aborts with
-    "terminate called without an active exception" (seen on one run in ~4 of a 2-node trainer test; the
-    peer node's torchrun then waits 300 s at its exit barrier). Everything the run wrote is flushed first."""
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def main(argv: list[str] | None = None) -> int:
     from shared.config import ConfigError, JetrlConfig, load_config
     from shared.telemetry import setup_logging
@@ -55,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
 
     run(cfg, resume=args.resume)
     if "LOCAL_RANK" in os.environ:
-        _exit_without_finalizing(0)
+        from trainer_service.backends.base import exit_rank
+
+        exit_rank(0)
     return 0
 
 

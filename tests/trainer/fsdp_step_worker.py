@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from shared.config import JetrlConfig
+from trainer_service.backends.base import exit_rank
 from trainer_service.backends.fsdp import FSDPBackend
 from trainer_service.packing import TrainItem
 from trainer_service.step import train_step
@@ -51,6 +52,8 @@ def main(out: str, extra: list[str]) -> None:
     if backend.world_size > 1:  # leave together: a rank tearing gloo down while rank 0 still writes aborts
         torch.distributed.barrier()
     backend.close()
+    if backend.world_size > 1:  # as trainer_service.main does: no interpreter shutdown under gloo
+        exit_rank(0)
 
 
 if __name__ == "__main__":
