@@ -33,7 +33,7 @@ from shared.linktree import link_tree
 from shared.messages import WeightVersion
 from weight_store.announce import VersionConflict, announce, latest
 from weight_store.client import VersionTakenError, WeightStoreClient, WeightStoreError
-from weight_store.manifest import MANIFEST, hash_file
+from weight_store.manifest import MANIFEST, file_digests
 
 log = logging.getLogger("jetrl.trainer.publish")
 
@@ -154,7 +154,7 @@ class DirectoryPublisher:
             for p in sorted(tmp.rglob("*")):
                 if p.is_file():
                     files.append({"name": str(p.relative_to(tmp)), "size": p.stat().st_size,
-                                  "sha256": hash_file(p, "sha256"), "xxh3_128": hash_file(p, "xxh3_128")})
+                                  **file_digests(p)})  # sha256 and xxh3_128, one read
             manifest = {"run": self.cfg.run, "version": version, "step": step, "files": files,
                         "metadata": metadata or {}}
             if staged.adapter is not None:

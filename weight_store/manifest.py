@@ -53,15 +53,22 @@ def new_hasher(algo: str):
     raise ValueError(f"unknown digest {algo!r} (xxh3_128 or sha256)")
 
 
-def hash_file(path: str | os.PathLike, algo: str = "sha256", chunk: int = 8 << 20) -> str:
-    """The hex digest (new_hasher: sha256 or xxh3_128) of a file, read in `chunk` pieces."""
-    h = new_hasher(algo)
+def file_digests(path: str | os.PathLike, algos: tuple[str, ...] = ("sha256", "xxh3_128"),
+                 chunk: int = 8 << 20) -> dict[str, str]:
+    """{algorithm: hex digest} of a file for each of `algos` (new_hasher), in one read of `chunk` pieces."""
+    hs = {a: new_hasher(a) for a in algos}
     buf = bytearray(chunk)
     mv = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(mv):
-            h.update(mv[:n])
-    return h.hexdigest()
+            for h in hs.values():
+                h.update(mv[:n])
+    return {a: h.hexdigest() for a, h in hs.items()}
+
+
+def hash_file(path: str | os.PathLike, algo: str = "sha256", chunk: int = 8 << 20) -> str:
+    """The hex digest (new_hasher: sha256 or xxh3_128) of a file, read in `chunk` pieces."""
+    return file_digests(path, (algo,), chunk)[algo]
 
 
 def file_digest(entry: dict, prefer: str) -> tuple[str, str]:
