@@ -12,6 +12,7 @@ import typer
 
 from shared import __version__
 from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit
+from shared.parent_death import die_with_supervisor
 
 # Modules that add subcommands: (module, what it adds). A missing module is skipped.
 SERVICE_CLIS = [
@@ -162,6 +163,7 @@ def build_app() -> typer.Typer:
 
 
 def main() -> None:
+    die_with_supervisor()  # a child of `jetrl up`: stop when it dies (shared/parent_death.py)
     build_app()()
 
 

