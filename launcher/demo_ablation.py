@@ -27,7 +27,7 @@ log = logging.getLogger("jetrl.demo")
 
 # `jetrl demo`'s budget unless its options say otherwise. --ablation runs four demos one after another,
 # so each gets 3 minutes, ended by the clock (the measured setting, docs/benchmarks.md "sort-6"), not 4 x 15.
-DEMO_BUDGET = (15.0, 500, 5)  # minutes, steps, eval_every
+DEMO_BUDGET = (DemoOptions.minutes, DemoOptions.steps, DemoOptions.eval_every)  # 15 minutes, 500 steps, every 5
 ABLATION_BUDGET = (3.0, 3000, 10)
 
 
