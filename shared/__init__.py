@@ -3,4 +3,4 @@
 This package is the only code every service imports. Nothing service-specific lives here.
 """
 
-__version__ = "0.3.3"
+__version__ = "0.3.4"

@@ -84,16 +84,16 @@ def test_a_sigkilled_supervisor_takes_its_nats_child_and_the_server_down(tmp_pat
             os.kill(child, signal.SIGKILL)
 
 
-GRANDPARENT = textwrap.dedent("""
+GRANDPARENT = textwrap.dedent(f"""
     import os, subprocess, sys, time
     from shared.parent_death import die_with_supervisor
     die_with_supervisor()
     # what the child's own child sees: the mark must be gone
-    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get(%r, '-'))"],
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get({SUPERVISOR_ENV!r}, '-'))"],
                          capture_output=True, text=True).stdout.strip()
     open(sys.argv[1], "w").write(out)
     time.sleep(600)
-""" % SUPERVISOR_ENV)
+""")
 
 
 def test_the_mark_is_not_inherited_and_an_unmarked_child_is_left_alone(tmp_path):
