@@ -49,14 +49,21 @@ class _Gen:
     t_start: float = field(default_factory=time.monotonic)
 
 
+# A request that never got an answer because its connection failed: refused, reset, or closed before the
+# response. Time-outs (httpx.TimeoutException) are not here: the request may still be running.
+CONNECTION_ERRORS = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
 class EngineHTTPError(RuntimeError):
     """The server answered an engine call with an error; the message names the endpoint and the body."""
 
 
 class RemoteEngine(Engine, abc.ABC):
-    def __init__(self, url: str, request_timeout_s: float, weights_dir: str = "", version: int = 0):
+    def __init__(self, url: str, request_timeout_s: float, weights_dir: str = "", version: int = 0,
+                 connection_retries: int = 2):
         self.url = url.rstrip("/")
         self.request_timeout_s = request_timeout_s
+        self.connection_retries = connection_retries
         self.weights_dir = weights_dir
         self._adapter_snapshot: Path | None = None
         self._version = version
@@ -71,6 +78,7 @@ class RemoteEngine(Engine, abc.ABC):
         self._user_paused = False
         self._tokens_total = 0
         self._interrupted = 0
+        self._retried = 0  # segments sent again after their connection failed
         self._t0 = time.monotonic()
         self._tmp: tempfile.TemporaryDirectory | None = None
 
@@ -177,6 +185,7 @@ class RemoteEngine(Engine, abc.ABC):
         logprobs: list[float] = []
         versions: list[int] = []
         finish = "abort"
+        failures = 0  # segments whose connection failed (retried up to connection_retries)
         try:
             while not gen.user_aborted:
                 await self._open.wait()
@@ -188,17 +197,26 @@ class RemoteEngine(Engine, abc.ABC):
                 gen.n_segments += 1
                 self._in_flight += 1
                 self._idle.clear()
+                sent_id, lost = gen.segment_id, None
                 try:
                     seg = await self._segment(
                         gen.segment_id,
                         list(req.prompt_ids) + out_ids,
                         replace(req.sampling, max_new_tokens=remaining),
                     )
+                except CONNECTION_ERRORS as exc:
+                    if failures >= self.connection_retries:
+                        raise
+                    failures += 1
+                    lost = exc
                 finally:
                     self._in_flight -= 1
                     if self._in_flight == 0:
                         self._idle.set()
                     gen.segment_id = None
+                if lost is not None:  # out of flight while it waits, so a weight swap need not
+                    await self._before_retry(sent_id, lost, failures)
+                    continue
                 out_ids += seg.output_ids
                 logprobs += seg.logprobs
                 versions += [version] * len(seg.output_ids)
@@ -227,6 +245,19 @@ class RemoteEngine(Engine, abc.ABC):
             finish_reason=finish,
             timings={"total": total, "segments": float(gen.n_segments)},
         )
+
+    async def _before_retry(self, segment_id: str | None, exc: Exception, attempt: int) -> None:
+        """A segment's connection failed: abort it on the server in case it still runs there (the answer is
+        lost either way), wait 0.5 s x attempt, and let the caller send it again under a new id."""
+        self._retried += 1
+        log.warning("%s engine: %s on segment %s (%s); sending it again (%d of %d)", self.name,
+                    type(exc).__name__, segment_id, exc, attempt, self.connection_retries)
+        if segment_id is not None:
+            try:
+                await self._abort_segments([segment_id])
+            except Exception:  # the server may be unreachable right now: the retry tells
+                log.debug("abort of segment %s before its retry failed", segment_id, exc_info=True)
+        await asyncio.sleep(0.5 * attempt)
 
     async def update_weights(
         self, version: int, path: str | None = None, state_dict: dict | None = None
@@ -316,6 +347,7 @@ class RemoteEngine(Engine, abc.ABC):
             "running": float(len(self._gens)),
             "segments_in_flight": float(self._in_flight),
             "interrupted_by_swap": float(self._interrupted),
+            "connection_retries": float(self._retried),
             "tokens_per_s": self._tokens_total / elapsed,
             "version": float(self._version),
         }

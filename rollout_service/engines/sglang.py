@@ -78,7 +78,8 @@ class SglangEngine(RemoteEngine):
         self.opts = cfg.rollout.sglang
         if not self.opts.url:
             raise ValueError("rollout.sglang.url: set the SGLang server URL")
-        super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version)
+        super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version,
+                         self.opts.connection_retries)
         self.lora: str | None = None  # the loaded adapter's name, sent as each request's lora_path
 
     async def health(self) -> dict:

@@ -115,7 +115,8 @@ class VllmEngine(RemoteEngine):
         self.opts = cfg.rollout.vllm
         if not self.opts.url and not self.opts.start_server:
             raise ValueError("rollout.vllm.url: set the server URL, or rollout.vllm.start_server=true")
-        super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version)
+        super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version,
+                         self.opts.connection_retries)
         self.model = self.opts.model
         self.base_model = self.model  # what requests name when no adapter is loaded
         self.server = None

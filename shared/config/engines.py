@@ -6,7 +6,7 @@ Which one runs is `rollout.engine`; docs/engines.md explains each option.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -38,6 +38,15 @@ class LocalEngineConfig(Section):
     )
 
 
+def _connection_retries() -> Any:
+    return Field(
+        2, ge=0, le=10,
+        description="A generate request whose connection failed (refused, reset, or closed without an answer; "
+        "not a time-out) is aborted on the server and sent again, up to this many times, 0.5 s x attempt "
+        "apart. A server this worker started and that exited is not retried (the worker stops).",
+    )
+
+
 class VllmEngineConfig(Section):
     """Client of a vLLM OpenAI-compatible server (rollout_service/engines/vllm.py)."""
 
@@ -64,6 +73,7 @@ class VllmEngineConfig(Section):
         "", description="Where a started server writes its output ('' = the rollout worker's own output)."
     )
     request_timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of one generate request.")
+    connection_retries: int = _connection_retries()
     weights_dir: str = Field(
         "",
         description="Where update_weights(state_dict=...) writes safetensors for the server to reload ('' = a temp dir).",
@@ -75,6 +85,7 @@ class SglangEngineConfig(Section):
 
     url: str = Field("http://127.0.0.1:30000", description="Server base URL.")
     request_timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of one generate request.")
+    connection_retries: int = _connection_retries()
     weights_dir: str = Field(
         "",
         description="Where update_weights(state_dict=...) writes safetensors for the server to load ('' = a temp dir).",
