@@ -193,14 +193,14 @@ class RemoteEngine(Engine, abc.ABC):
                     break
                 version = self._version
                 remaining = req.sampling.max_new_tokens - len(out_ids)
-                gen.segment_id = f"{req.request_id}-{gen.n_segments}"
+                segment_id = gen.segment_id = f"{req.request_id}-{gen.n_segments}"
                 gen.n_segments += 1
                 self._in_flight += 1
                 self._idle.clear()
-                sent_id, lost = gen.segment_id, None
+                lost = None
                 try:
                     seg = await self._segment(
-                        gen.segment_id,
+                        segment_id,
                         list(req.prompt_ids) + out_ids,
                         replace(req.sampling, max_new_tokens=remaining),
                     )
@@ -215,7 +215,7 @@ class RemoteEngine(Engine, abc.ABC):
                         self._idle.set()
                     gen.segment_id = None
                 if lost is not None:  # out of flight while it waits, so a weight swap need not
-                    await self._before_retry(sent_id, lost, failures)
+                    await self._before_retry(segment_id, lost, failures)
                     continue
                 out_ids += seg.output_ids
                 logprobs += seg.logprobs
@@ -246,17 +246,16 @@ class RemoteEngine(Engine, abc.ABC):
             timings={"total": total, "segments": float(gen.n_segments)},
         )
 
-    async def _before_retry(self, segment_id: str | None, exc: Exception, attempt: int) -> None:
+    async def _before_retry(self, segment_id: str, exc: Exception, attempt: int) -> None:
         """A segment's connection failed: abort it on the server in case it still runs there (the answer is
         lost either way), wait 0.5 s x attempt, and let the caller send it again under a new id."""
         self._retried += 1
         log.warning("%s engine: %s on segment %s (%s); sending it again (%d of %d)", self.name,
                     type(exc).__name__, segment_id, exc, attempt, self.connection_retries)
-        if segment_id is not None:
-            try:
-                await self._abort_segments([segment_id])
-            except Exception:  # the server may be unreachable right now: the retry tells
-                log.debug("abort of segment %s before its retry failed", segment_id, exc_info=True)
+        try:
+            await self._abort_segments([segment_id])
+        except Exception:  # the server may be unreachable right now: the retry tells
+            log.debug("abort of segment %s before its retry failed", segment_id, exc_info=True)
         await asyncio.sleep(0.5 * attempt)
 
     async def update_weights(

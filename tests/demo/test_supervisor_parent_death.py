@@ -14,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from launcher.fault_scenario import alive  # a zombie nobody has reaped yet counts as gone
 from shared.natsd import free_port
 from shared.parent_death import SUPERVISOR_ENV
 
@@ -34,15 +35,6 @@ DRIVER = textwrap.dedent("""
 
     asyncio.run(main())
 """)
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie nobody has reaped yet counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def listening(port: int) -> bool:
