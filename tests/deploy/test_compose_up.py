@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from ci_gate import unavailable
 
 from multihost import images
 from shared.auth import bearer_headers
@@ -31,21 +32,15 @@ STEPS, BATCH = 8, 16
 SUBNET = "10.219.250.0/24"  # inside the range the multi-host harness owns (multihost/netns.py)
 
 
-def _unavailable(why: str):
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI must run docker compose for real: {why}")
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def docker_env():
     if shutil.which("docker") is None:
-        _unavailable("the docker CLI is not installed (Debian: docker.io)")
+        unavailable("the docker CLI is not installed (Debian: docker.io)")
     if images.daemon_up():
         yield {}
         return
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        _unavailable("no Docker daemon is running and none can be started here (needs root and dockerd)")
+        unavailable("no Docker daemon is running and none can be started here (needs root and dockerd)")
     d = images.PrivateDockerd().start()
     try:
         yield d.env

@@ -5,28 +5,18 @@ JETRL__* environment checked against the CLI and the config models."""
 
 from __future__ import annotations
 
-import importlib
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from ci_gate import need_module
 
 from shared.config import JetrlConfig, load_config
 
-
-def dev_dependency(module: str, package: str):
-    """Both are dev dependencies: CI installs them, so there a missing one fails the run instead of
-    skipping the chart's checks; elsewhere the module is skipped with what to install."""
-    if os.environ.get("CI") == "true":
-        return importlib.import_module(module)
-    return pytest.importorskip(module, reason=f"{package} is not installed (dev extra: pip install -e '.[dev]')")
-
-
-helm = dev_dependency("helm_python", "helm-python-sdk")  # renders the chart with Helm's own Go engine
-kubernetes_validate = dev_dependency("kubernetes_validate", "kubernetes-validate")
+helm = need_module("helm_python", "helm-python-sdk, dev extra")  # renders the chart with Helm's own Go engine
+kubernetes_validate = need_module("kubernetes_validate", "kubernetes-validate, dev extra")
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "jetrl"

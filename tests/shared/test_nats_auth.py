@@ -24,6 +24,7 @@ import httpx
 import nats
 import pytest
 import yaml
+from ci_gate import need_module
 
 from shared import bus
 from shared.config import NatsConfig
@@ -200,14 +201,14 @@ async def test_token_auth(server, tmp_path):
 
 
 def _keypair(prefix: int):
-    nkeys = pytest.importorskip("nkeys", reason="nkeys is not installed (dev extra: pip install -e .[dev])")
+    nkeys = need_module("nkeys", "dev extra: pip install -e .[dev]")
     seed = nkeys.encode_seed(os.urandom(32), prefix)
     kp = nkeys.from_seed(bytearray(seed))
     return seed.decode(), kp.public_key.decode(), kp
 
 
 async def test_nkey_auth(server, tmp_path):
-    nkeys = pytest.importorskip("nkeys", reason="nkeys is not installed (dev extra: pip install -e .[dev])")
+    nkeys = need_module("nkeys", "dev extra: pip install -e .[dev]")
     seed, public, _ = _keypair(nkeys.PREFIX_BYTE_USER)
     srv = server(f"authorization {{ users: [ {{ nkey: {public} }} ] }}")
     assert await refused(srv.url)
@@ -227,7 +228,7 @@ def _jwt(claims: dict, issuer_kp) -> str:
 
 
 async def test_creds_file_auth_with_operator_account_and_user_jwts(server, tmp_path):
-    nkeys = pytest.importorskip("nkeys", reason="nkeys is not installed (dev extra: pip install -e .[dev])")
+    nkeys = need_module("nkeys", "dev extra: pip install -e .[dev]")
     _, op_pub, op_kp = _keypair(nkeys.PREFIX_BYTE_OPERATOR)
     _, acc_pub, acc_kp = _keypair(nkeys.PREFIX_BYTE_ACCOUNT)
     user_seed, user_pub, _ = _keypair(nkeys.PREFIX_BYTE_USER)

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from ci_gate import need_module
 from torch.testing import assert_close
 
 from shared.config import JetrlConfig
@@ -72,7 +73,7 @@ def test_unsupported_model_family_is_named():
 
 @pytest.fixture(scope="module")
 def megatron_cpu():
-    pytest.importorskip("megatron.core")
+    need_module("megatron.core", "megatron-core, dev extra")
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
     from megatron.core import parallel_state

@@ -5,7 +5,6 @@ grouped-query attention) gives the same weights with and without them."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ci_gate import need_module
 from torch.testing import assert_close
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -121,8 +121,7 @@ def _backend_8bit(llama_dir) -> FSDPBackend:
 def test_adamw_8bit_keeps_8_bit_moments_and_resumes_from_a_checkpoint(llama_dir, tmp_path):
     """trainer.optim.name adamw_8bit (bitsandbytes): the large tensors' moments are uint8, the update moves
     the weights, and a checkpoint restores the quantized state so the next step is the same."""
-    if not os.environ.get("CI"):  # CI installs it (the dev extra): there it must not skip
-        pytest.importorskip("bitsandbytes")
+    need_module("bitsandbytes", "bnb or dev extra")
     torch.set_num_threads(1)
     a = _backend_8bit(llama_dir)
     train_step(a, _items(), a.cfg.trainer)
