@@ -12,6 +12,7 @@ import numpy as np
 
 from shared import bus, codec, subjects
 from shared.messages import Event, Sample, TrajectoryGroup
+from weight_store.announce import latest as latest_announced
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,6 +75,19 @@ async def wait_for(js, run: str, pred, timeout: float = 120.0, proc: subprocess.
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what}; events: {[e.kind for e in evs]}")
         await asyncio.sleep(0.3)
+
+
+async def wait_announced(js, run: str, version: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Poll the run's announced version until it reaches `version`: a step's version is published beside
+    the next step (trainer.publish_overlap), after its "step" and "groups" events."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while (wv := await latest_announced(js, run)) is None or wv.version < version:
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited with {proc.returncode} before version {version} was announced")
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for version {version} to be announced (latest: {wv})")
+        await asyncio.sleep(0.1)
 
 
 def steps(evs, kind: str = "step") -> list[dict]:
