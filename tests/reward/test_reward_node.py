@@ -4,11 +4,10 @@ exactly as the Python service does on the same task, side by side on one nats-se
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 
 import pytest
-from ci_gate import unavailable
+from ci_gate import node_project
 from reward_fixtures import ROOT, replicas, run_config, wait_for_log
 
 from reward_service.check import run_check
@@ -28,15 +27,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def node_modules():
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        unavailable("node/npm not installed: the Node.js reward service needs Node.js >= 18 and npm")
-    if not (NODE_DIR / "node_modules" / "nats").is_dir():
-        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
-                              timeout=300)
-        if done.returncode:
-            pytest.fail(f"npm ci in {NODE_DIR} failed:\n{done.stdout}\n{done.stderr}")
-    return node
+    return node_project(NODE_DIR, "nats")
 
 
 @pytest.fixture

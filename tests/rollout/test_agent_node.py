@@ -4,12 +4,10 @@ service and trainer (`jetrl up`), every released prompt accounted for in the led
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from ci_gate import unavailable
+from ci_gate import node_project
 
 from launcher.demo_task import write_dataset
 from launcher.up import Launcher, UpOptions, poll_until
@@ -23,15 +21,7 @@ NODE_DIR = ROOT / "examples" / "agents" / "node"
 
 @pytest.fixture(scope="module")
 def node():
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        unavailable("node/npm not installed: the Node.js agent needs Node.js >= 18 and npm")
-    if not (NODE_DIR / "node_modules" / "openai").is_dir():
-        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
-                              timeout=300)
-        if done.returncode:
-            pytest.fail(f"npm ci in {NODE_DIR} failed:\n{done.stdout}\n{done.stderr}")
-    return node
+    return node_project(NODE_DIR, "openai")
 
 
 async def test_a_node_agent_trains_through_controller_reward_and_trainer(node, tmp_path):

@@ -24,7 +24,7 @@ import httpx
 import nats
 import pytest
 import yaml
-from ci_gate import need_module
+from ci_gate import need_module, unavailable
 
 from shared import bus
 from shared.config import NatsConfig
@@ -254,7 +254,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 async def test_mutual_tls(server, tmp_path):
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+        unavailable("openssl is not installed (apt-get install openssl)")
     d = tmp_path / "pki"
     d.mkdir()
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",

@@ -61,33 +61,34 @@ async def read_events(js, run: str, service: str = "trainer") -> list[Event]:
     return out
 
 
-async def wait_for(js, run: str, pred, timeout: float = 120.0, proc: subprocess.Popen | None = None,
-                   what: str = "condition") -> list[Event]:
-    """Poll the trainer's events until pred(events) is true (or fail with the trainer's log tail)."""
+async def _poll(fetch, done, proc: subprocess.Popen | None, timeout: float, what: str, last, every: float):
+    """Await fetch() every `every` s until done(value) (returned); AssertionError naming `what` when the
+    trainer exits first or after `timeout` (with last(value), the final reading)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while True:
-        evs = await read_events(js, run)
-        if pred(evs):
-            return evs
+        got = await fetch()
+        if done(got):
+            return got
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"trainer exited with {proc.returncode} before {what}")
         if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}; events: {[e.kind for e in evs]}")
-        await asyncio.sleep(0.3)
+            raise AssertionError(f"timed out waiting for {what}; {last(got)}")
+        await asyncio.sleep(every)
+
+
+async def wait_for(js, run: str, pred, timeout: float = 120.0, proc: subprocess.Popen | None = None,
+                   what: str = "condition") -> list[Event]:
+    """Poll the trainer's events until pred(events) is true (or fail with the trainer's log tail)."""
+    return await _poll(lambda: read_events(js, run), pred, proc, timeout, what,
+                       lambda evs: f"events: {[e.kind for e in evs]}", 0.3)
 
 
 async def wait_announced(js, run: str, version: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     """Poll the run's announced version until it reaches `version`: a step's version is published beside
     the next step (trainer.publish_overlap), after its "step" and "groups" events."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while (wv := await latest_announced(js, run)) is None or wv.version < version:
-        if proc.poll() is not None:
-            raise AssertionError(f"trainer exited with {proc.returncode} before version {version} was announced")
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for version {version} to be announced (latest: {wv})")
-        await asyncio.sleep(0.1)
+    await _poll(lambda: latest_announced(js, run), lambda wv: wv is not None and wv.version >= version, proc,
+                timeout, f"the announcement of version {version}", lambda wv: f"latest: {wv}", 0.1)
 
 
 def steps(evs, kind: str = "step") -> list[dict]:
