@@ -9,14 +9,17 @@ first's tokens, merged into one sample), on the local engine with a ~21M-paramet
               calling the worker's endpoint app (AgentServer) in-process, as entry agents do by default
               (rollout.agent.entry_transport: in_process); then episode_samples();
   http        the same over loopback HTTP to the endpoint's uvicorn server in the same process
-              (entry_transport: http; command and service agents come this way, from their own processes).
+              (entry_transport: http; command and service agents come this way, from their own processes);
+  stream      the in-process agent with `stream=True` (server-sent chunks, joined by the agent);
+  responses   the in-process agent on the Responses API, the second turn by previous_response_id.
 
-The three sides run interleaved, `--episodes` each per round, the order turned each round, so a slow
+The five sides run interleaved, `--episodes` each per round, the order turned each round, so a slow
 patch of the machine hits them alike; each side's figure is its episodes over its summed seconds.
 
     python -m bench.agent_endpoint [--episodes 32] [--rounds 6] [--concurrency 16] [--tokens 32] [--threads 1]
 
-Last lines: `agent_endpoint_http_ratio: X` and `agent_endpoint_ratio: X` (in-process episodes/s / direct).
+Last lines: `agent_endpoint_http_ratio: X`, `agent_endpoint_ratio: X` (in-process episodes/s / direct),
+`agent_endpoint_responses_ratio: X` and, last, `agent_endpoint_stream_ratio: X`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from rollout_service.engines.local import LocalEngine
 from rollout_service.tools import ToolRegistry
 from rollout_service.workflows.base import WorkflowContext
 from shared.config import JetrlConfig
-from shared.messages import PromptTask
+from shared.contract.messages import PromptTask
 
 MODEL = {"tiny_hidden": 512, "tiny_layers": 8, "tiny_heads": 8, "seed": 0}
 
@@ -63,6 +66,25 @@ async def two_turn_agent(client, task) -> float:
     r = await client.chat.completions.create(model="policy", messages=msgs, seed=task["seed"])
     msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "again"}]
     await client.chat.completions.create(model="policy", messages=msgs, seed=task["seed"])
+    return 1.0
+
+
+async def two_turn_stream_agent(client, task) -> float:
+    """The same agent with stream=True: it joins the content deltas, as a streaming framework does."""
+    msgs = [{"role": "user", "content": task["prompt"]}]
+    for turn in range(2):
+        chunks = await client.chat.completions.create(model="policy", messages=msgs, seed=task["seed"], stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+        if turn == 0:
+            msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "again"}]
+    return 1.0
+
+
+async def two_turn_responses_agent(client, task) -> float:
+    """The same agent on the Responses API, its second turn continuing the first by previous_response_id."""
+    seed = {"seed": task["seed"]}
+    r = await client.responses.create(model="policy", input=task["prompt"], extra_body=seed)
+    await client.responses.create(model="policy", input="again", previous_response_id=r.id, extra_body=seed)
     return 1.0
 
 
@@ -102,28 +124,30 @@ async def main(args) -> None:
     await server.start()
     app = server.store.app  # rollout.agent.entry_transport: in_process (the default)
     runners = {"in-process": EntryRunner("bench.agent_endpoint:two_turn_agent"),
-               "http": EntryRunner("bench.agent_endpoint:two_turn_agent")}
+               "http": EntryRunner("bench.agent_endpoint:two_turn_agent"),
+               "stream": EntryRunner("bench.agent_endpoint:two_turn_stream_agent"),
+               "responses": EntryRunner("bench.agent_endpoint:two_turn_responses_agent")}
 
     def side(name: str):
         """The episode function of one side, called right before that side runs."""
         if name == "direct":
             return lambda i: direct_episode(ctx, i, args.tokens)
-        server.store.app = app if name == "in-process" else None  # what each runner's first call sees
+        server.store.app = None if name == "http" else app  # what each runner's first call sees
         return lambda i: endpoint_episode(server, runners[name], i)
 
-    names = ["direct", "in-process", "http"]
+    names = ["direct", "in-process", "http", "stream", "responses"]
     secs, toks = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
     try:
         for name in names:  # warm-up
             await timed(args.concurrency, args.concurrency, side(name))
         for r in range(args.rounds):  # interleaved, the order turned each round: drift hits every side alike
-            for name in names[r % 3:] + names[: r % 3]:
+            for name in names[r % len(names):] + names[: r % len(names)]:
                 s, tok = await timed(args.episodes, args.concurrency, side(name))
                 print(f"round {r + 1} {name:10s} {args.episodes / s:.2f} episodes/s")
                 secs[name] += s
                 toks[name] += tok
         in_process = {name: type(r._http._transport).__name__ == "ASGITransport" for name, r in runners.items()}
-        assert in_process == {"in-process": True, "http": False}, in_process  # each side went the way it says
+        assert in_process == {"in-process": True, "http": False, "stream": True, "responses": True}, in_process  # each side went the way it says
     finally:
         for runner in runners.values():
             await runner.close()
@@ -138,6 +162,8 @@ async def main(args) -> None:
               f"({secs[name]:.2f} s)")
     print(f"agent_endpoint_http_ratio: {secs['direct'] / secs['http']:.3f}")
     print(f"agent_endpoint_ratio: {secs['direct'] / secs['in-process']:.3f}")
+    print(f"agent_endpoint_responses_ratio: {secs['direct'] / secs['responses']:.3f}")
+    print(f"agent_endpoint_stream_ratio: {secs['direct'] / secs['stream']:.3f}")
 
 
 if __name__ == "__main__":

@@ -36,13 +36,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.demo import demo_settings
-from launcher.demo_task import write_dataset
-from launcher.up import Launcher, UpOptions, poll_until
+from launcher.demo.run import demo_settings
+from launcher.demo.task import write_dataset
+from launcher.plan import UpOptions
+from launcher.up import Launcher, poll_until
 from rollout_service.engines.base import GenerateRequest, SamplingParams
 from rollout_service.engines.sim import SimEngine
 from shared.config import JetrlConfig
-from shared.tinymodel import build_tokenizer
+from shared.model.tinymodel import build_tokenizer
 from trainer_service.backends.sim import step_cost_s
 
 PROMPT_TOKENS = 12  # "max 3 8 1 5 2 =" in the tiny tokenizer, about

@@ -4,7 +4,7 @@ Both sides publish N trajectory-sized messages (one 2,048-token sample with mask
 versions: ~27 KB) to JetStream with async, acknowledged publishes (bounded in flight, Nats-Msg-Id set),
 then consume them through a durable pull consumer with explicit acks:
 - raw:   pre-encoded bytes, `js.publish_async`; `fetch(batch)` + `ack()` per message, no decoding;
-- jetrl: `bus.publish_async` (encode + size check per message); `bus.ConsumerLoop` with batch B and
+- jetrl: `bus.publish_async` (encode + size check per message); `consumer.ConsumerLoop` with batch B and
          max_in_flight 2B, so the next fetch overlaps handling (decode, strict checks, handler, ack,
          in-progress heartbeats, DLQ on poison).
 One run, one private EmbeddedNats in a temp dir. Last line: `bus_overhead_ratio: X` =
@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 
-from shared import bus, codec, subjects
 from shared.config import NatsConfig, StreamsConfig
-from shared.messages import Sample, TrajectoryGroup
-from shared.natsd import EmbeddedNats
+from shared.contract import bus, codec, consumer, subjects
+from shared.contract.messages import Sample, TrajectoryGroup
+from shared.runtime.natsd import EmbeddedNats
 
 TOKENS = 2048
 
@@ -105,7 +105,7 @@ async def jetrl_side(js, nc, subject: str, durable: str, groups: list[Trajectory
         if count == n:
             done.set()
 
-    loop = bus.ConsumerLoop(js, nc, run="bench", stream=subjects.TRAJECTORIES_STREAM, subject=subject,
+    loop = consumer.ConsumerLoop(js, nc, run="bench", stream=subjects.TRAJECTORIES_STREAM, subject=subject,
                             durable=durable, handler=handler, expect=TrajectoryGroup, batch=batch,
                             max_in_flight=2 * batch, fetch_timeout_s=1)
     t0 = time.perf_counter()

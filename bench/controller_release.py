@@ -25,10 +25,10 @@ from controller import datasets as ds  # noqa: E402
 from controller import store  # noqa: E402
 from controller.release import prompt_id_for  # noqa: E402
 from controller.service import Controller  # noqa: E402
-from shared import bus, codec, subjects  # noqa: E402
 from shared.config import JetrlConfig, NatsConfig  # noqa: E402
-from shared.messages import PromptTask  # noqa: E402
-from shared.natsd import EmbeddedNats  # noqa: E402
+from shared.contract import bus, codec, subjects  # noqa: E402
+from shared.contract.messages import PromptTask  # noqa: E402
+from shared.runtime.natsd import EmbeddedNats  # noqa: E402
 
 
 def make_rows(path: Path, n: int) -> None:
@@ -119,7 +119,7 @@ async def main() -> None:
     print(f"controller release, ledger in SQLite:     {sqlite:,.0f} prompts/s ({sqlite / raw:.2f} of raw)")
     pg_ratio = None
     if not args.no_pg:
-        from launcher.devpg import TempPostgres, find_pg_bin
+        from testkit.devpg import TempPostgres, find_pg_bin
 
         if find_pg_bin() is None:
             print("controller release, ledger in PostgreSQL: skipped (no initdb/pg_ctl)")

@@ -1,8 +1,9 @@
-"""Fault recovery of a running demo-sized run (issue 10): each service SIGKILLed once, then poison messages.
+"""Fault recovery of a running demo-sized run (the fault suite's scenario, testkit/fault_scenario.py): each
+service SIGKILLed once, then poison messages.
 
     python -m bench.fault_recovery [--dir DIR] [--keep] [--steps-per-slice 10]
 
-The scenario is launcher/fault_scenario.py, the same one tests/fault/ asserts on: a real `jetrl up`
+The scenario is testkit/fault_scenario.py, the same one tests/fault/ asserts on: a real `jetrl up`
 run (embedded nats-server, SQLite, local engine, tiny policy on maxdigit) in which a rollout worker, the
 reward service, the trainer, the weight store, the controller and the nats-server are SIGKILLed one at a
 time while work flows (the supervisor restarts each), then undecodable and wrong-schema messages are
@@ -27,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.fault_scenario import FAULTS, Audit, FaultScenario
+from testkit.fault_scenario import FAULTS, Audit, FaultScenario
 
 
 def fault_table(sc: FaultScenario) -> list[str]:

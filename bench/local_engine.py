@@ -95,7 +95,7 @@ async def main() -> None:
     torch.set_num_threads(args.threads)
 
     from rollout_service.engines.local import LocalEngine
-    from shared.tinymodel import build_tiny_model, save_tiny
+    from shared.model.tinymodel import build_tiny_model, save_tiny
 
     model, tok = build_tiny_model(ModelConfig(**MODEL))
     model.eval()

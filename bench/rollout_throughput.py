@@ -26,11 +26,11 @@ from rollout_service.engines import make_engine  # noqa: E402
 from rollout_service.service import RolloutWorker  # noqa: E402
 from rollout_service.tools import ToolRegistry  # noqa: E402
 from rollout_service.workflows import WorkflowContext, load_workflow  # noqa: E402
-from shared import bus, subjects  # noqa: E402
 from shared.config import JetrlConfig  # noqa: E402
-from shared.messages import PromptTask  # noqa: E402
-from shared.natsd import EmbeddedNats  # noqa: E402
-from shared.tinymodel import build_tokenizer  # noqa: E402
+from shared.contract import bus, subjects  # noqa: E402
+from shared.contract.messages import PromptTask  # noqa: E402
+from shared.model.tinymodel import build_tokenizer  # noqa: E402
+from shared.runtime.natsd import EmbeddedNats  # noqa: E402
 
 
 def tasks(run: str, n: int, group_size: int) -> list[PromptTask]:

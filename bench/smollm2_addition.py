@@ -55,9 +55,10 @@ def _mean(xs: list[float]) -> float:
 
 
 async def run(args) -> dict:
-    from launcher.demo import eval_version
-    from launcher.demo_report import staleness_hist, write_outputs
-    from launcher.up import Launcher, UpOptions
+    from launcher.demo.report import staleness_hist, write_outputs
+    from launcher.demo.run import eval_version
+    from launcher.plan import UpOptions
+    from launcher.up import Launcher
     from shared.config import JetrlConfig, load_config
 
     run_name = f"{Path(args.config).stem.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -134,11 +135,12 @@ async def run(args) -> dict:
                 r = await eval_version(launcher, heldout, v)
                 # accuracy: the share solved (reward >= eval.success_reward); the mean reward differs from it
                 # only where the reward gives partial credit (the calculator agent's)
-                acc[v], mean[v], tools[v] = r.pass_at_1, r.reward, r.tool_call_rate
+                acc[v], mean[v], tools[v] = r.pass_at_1, r.reward, (r.tool_call_rate, r.tool_calls_per_episode)
             res["heldout_before"], res["heldout_after"] = acc[0], acc[final]
             res["heldout_reward_before"], res["heldout_reward_after"] = mean[0], mean[final]
-            if tools[0] is not None:  # an agent workflow: the share of held-out episodes with a tool call
-                res["tool_call_rate_before"], res["tool_call_rate_after"] = tools[0], tools[final]
+            if tools[0][0] is not None:  # an agent workflow: held-out episodes with a tool call, tool calls each
+                res["tool_call_rate_before"], res["tool_call_rate_after"] = tools[0][0], tools[final][0]
+                res["tool_calls_per_episode_before"], res["tool_calls_per_episode_after"] = tools[0][1], tools[final][1]
         # summary.json and the demo's plots (held-out before/after with the training reward per version,
         # staleness of trained samples, throughput) in the run dir
         summary = {**res, "task": Path(args.config).stem, "target": args.target,
@@ -172,7 +174,9 @@ def main() -> None:
         print(f"held-out accuracy: {res['heldout_before']:.3f} -> {res['heldout_after']:.3f} "
               f"(version 0 -> {res['final_version']})")
     if "tool_call_rate_before" in res:
-        print(f"held-out tool-call rate: {res['tool_call_rate_before']:.3f} -> {res['tool_call_rate_after']:.3f}")
+        print(f"held-out tool-call rate: {res['tool_call_rate_before']:.3f} -> {res['tool_call_rate_after']:.3f}; "
+              f"tool calls per episode {res['tool_calls_per_episode_before']:.2f} -> "
+              f"{res['tool_calls_per_episode_after']:.2f}")
     print(f"smollm2_tokens_per_s: {res['generated_tokens_per_s']}")
     print(f"smollm2_completions_per_s: {res['completions_per_s']}")
 

@@ -1,5 +1,5 @@
 """sort-6 in one process: sample -> score -> the trainer's own step code, no services. What the demo's
-sort settings were chosen with (launcher/demo.py, SORT_OPTIM / SORT_ALGORITHM), and the reference the
+sort settings were chosen with (launcher/demo/run.py, SORT_OPTIM / SORT_ALGORITHM), and the reference the
 services' runs are held against.
 
 The tiny policy (2 layers, hidden 64) answers "sort 3 8 1 5 2 0 =" with six tokens limited to the ten
@@ -25,11 +25,11 @@ import time
 import numpy as np
 import torch
 
-from launcher.demo import digit_token_ids
-from launcher.demo_task import make_rows
+from launcher.demo.run import digit_token_ids
+from launcher.demo.task import make_rows
 from reward_service.scorers.sortdigits import score
 from shared.config import JetrlConfig, load_config
-from shared.logits_mask import allowed_vector, mask_logits
+from shared.model.logits_mask import allowed_vector, mask_logits
 from trainer_service.algorithms.advantages import group_advantages
 from trainer_service.backends.fsdp import FSDPBackend
 from trainer_service.packing import TrainItem

@@ -31,9 +31,10 @@ from pathlib import Path
 
 import httpx
 
-from launcher.demo import demo_settings
-from launcher.demo_task import write_dataset
-from launcher.up import Launcher, UpOptions, poll_until
+from launcher.demo.run import demo_settings
+from launcher.demo.task import write_dataset
+from launcher.plan import UpOptions
+from launcher.up import Launcher, poll_until
 from shared.config import JetrlConfig
 
 

@@ -7,6 +7,14 @@ to files and dropped before the next step (as `trainer.publish_snapshot: disk` d
     python bench/trainer_memory.py [--config examples/smollm2_addition.yaml] [--steps 8] [key=value ...]
     python bench/trainer_memory.py trainer.optim.name=adamw_8bit trainer.release_memory=true
 
+    python bench/trainer_memory.py --long model.path=jetrl-models/smollm2-135m   # long agent samples
+
+--long: one group of --group-size (8) samples of --prompt (500) shared + --completion (2000) generated
+tokens, the size of the smolagents CodeAgent group that got a trainer OOM-killed, for --steps
+(1) steps; last line `trainer_long_sample_peak_gib: X`, the highest step peak, the first step included
+(GiB). Compare `trainer.activation_checkpointing=false` (before: every micro-batch keeps its activations)
+with the default `auto` (long micro-batches checkpointed, trainer_service/activations.py).
+
 Prints, per step, the resident set (RSS) before the step and the peak (VmHWM, reset before each phase
 through /proc/self/clear_refs) of its forward, backward and optimizer phases and of the publish snapshot,
 with each phase's seconds. Last line: `trainer_step_peak_rss_gb: X`, the highest step peak after the
@@ -81,11 +89,17 @@ def batch(rng: random.Random, groups: int, size: int, prompt: int, completion: i
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "examples/smollm2_addition.yaml"))
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=45, help="Prompt tokens per group (the addition prompt: ~45).")
-    ap.add_argument("--completion", type=int, default=8, help="Generated tokens per sample.")
+    ap.add_argument("--steps", type=int, default=None, help="Steps (8; 1 with --long).")
+    ap.add_argument("--prompt", type=int, default=None, help="Prompt tokens per group (the addition prompt: ~45; "
+                    "500 with --long).")
+    ap.add_argument("--completion", type=int, default=None, help="Generated tokens per sample (8; 2000 with --long).")
+    ap.add_argument("--long", action="store_true", help="One group of --group-size long samples (see above).")
+    ap.add_argument("--group-size", type=int, default=8, help="With --long: samples in the group.")
     ap.add_argument("overrides", nargs="*", help="Config overrides key=value.")
     args = ap.parse_args()
+    long_defaults = (1, 500, 2000) if args.long else (8, 45, 8)
+    args.steps, args.prompt, args.completion = (v if v is not None else d for v, d in zip(
+        (args.steps, args.prompt, args.completion), long_defaults, strict=True))
     if not Path("/proc/self/clear_refs").exists():
         sys.exit("bench/trainer_memory.py reads /proc (Linux)")
 
@@ -107,7 +121,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="jetrl-trainer-memory-") as tmp:
         for i in range(args.steps):
             meter.rows.clear()
-            items = batch(rng, cfg.schedule.batch_size, cfg.rollout.group_size, args.prompt, args.completion, vocab)
+            groups, size = (1, args.group_size) if args.long else (cfg.schedule.batch_size, cfg.rollout.group_size)
+            items = batch(rng, groups, size, args.prompt, args.completion, vocab)
             before = rss_gb()[0]
             reset_peak()
             t = time.perf_counter()
@@ -132,9 +147,13 @@ def main() -> None:
             print(f"step {i}: RSS before {before:.2f} GB, step peak {step_peak:.2f} GB in {step_s:.2f} s ({shown}); "
                   f"publish snapshot peak {pub_peak:.2f} GB in {pub_s:.2f} s, RSS after {rss_gb()[0]:.2f} GB",
                   flush=True)
-            if i > 0:
+            if i > 0 or args.long:
                 peaks.append(max(step_peak, pub_peak))
-    print(f"trainer_step_peak_rss_gb: {max(peaks) if peaks else 0.0:.2f}")
+    if args.long:
+        print(f"micro-batches run checkpointed, all steps: {backend.checkpointed_micro_batches}")
+        print(f"trainer_long_sample_peak_gib: {max(peaks) * 1e9 / 2**30:.2f}")
+    else:
+        print(f"trainer_step_peak_rss_gb: {max(peaks) if peaks else 0.0:.2f}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from shared.config import JetrlConfig, load_config
-from shared.tinymodel import build_tiny_model
+from shared.model.tinymodel import build_tiny_model
 from trainer_service.backends.fsdp import FSDPBackend
 from trainer_service.packing import TrainItem
 from trainer_service.step import train_step

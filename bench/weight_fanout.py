@@ -1,4 +1,4 @@
-"""Cross-host weight fan-out (`python -m bench.weight_sync --cross-host`, issue 19): a version of --gib GiB
+"""Cross-host weight fan-out (`python -m bench.weight_sync --cross-host`): a version of --gib GiB
 in the weight store on one namespace host (multihost/netns.py), fetched over HTTP across the bridge by 1
 and then by 4 worker hosts at once, against 1 and 4 parallel `cp` of the same files on one host; the
 4-host fetch with the default digest (xxh3_128), with sha256 and with none. `--repeats` rounds, the
@@ -82,7 +82,7 @@ def _fetch_on_hosts(net, hosts: list[str], url: str, version: int, work: Path,
 
 
 async def _publish(url: str, gib: float, root: Path) -> tuple[int, list[Path]]:
-    from bench.weight_sync import TOKEN, make_state_dict
+    from bench.weights_common import TOKEN, make_state_dict
     from shared.config import WeightStoreConfig
     from weight_store.client import WeightStoreClient
 
@@ -93,7 +93,7 @@ async def _publish(url: str, gib: float, root: Path) -> tuple[int, list[Path]]:
 
 
 def run(gib: float, work_dir: str | None = None, repeats: int = 3) -> float:
-    from bench.weight_sync import start_service_argv, wait_http
+    from bench.weights_common import start_service_argv, wait_http
     from multihost.netns import HostNet
 
     work = Path(tempfile.mkdtemp(prefix="jetrl-bench-fanout-", dir=work_dir))
@@ -145,7 +145,7 @@ def run(gib: float, work_dir: str | None = None, repeats: int = 3) -> float:
 
 async def _fetch_one(url: str, version: int, cache: str, go: str, out: str, digest: str) -> None:
     """One worker host's fetch; `digest`: default (the config's defaults), sha256, or off (no check)."""
-    from bench.weight_sync import TOKEN
+    from bench.weights_common import TOKEN
     from shared.config import WeightStoreConfig
     from weight_store.client import WeightStoreClient
 

@@ -1,4 +1,4 @@
-"""Weight sync against its physical floor on the same disk (docs/weight_store.md, issue 3).
+"""Weight sync against its physical floor on the same disk (docs/weight_store.md).
 
     python bench/weight_sync.py            # 1 GiB bf16 state dict
     python bench/weight_sync.py --gib 0.25 --repeats 2
@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -31,59 +30,12 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared import bus  # noqa: E402
+from bench.weights_common import TOKEN, make_state_dict, peak_rss_mib, start_service  # noqa: E402
 from shared.config import NatsConfig, StreamsConfig, WeightStoreConfig  # noqa: E402
-from shared.natsd import EmbeddedNats, free_port  # noqa: E402
+from shared.contract import bus  # noqa: E402
+from shared.runtime.natsd import EmbeddedNats, free_port  # noqa: E402
 from weight_store.announce import announce, latest  # noqa: E402
 from weight_store.client import WeightStoreClient, load_state_dict  # noqa: E402
-
-
-def make_state_dict(gib: float) -> dict[str, torch.Tensor]:
-    total = int(gib * (1 << 30))
-    per = 4096 * 4096 * 2  # 32 MiB bf16 matrices
-    n = max(1, total // per)
-    g = torch.Generator().manual_seed(0)
-    return {f"layers.{i}.weight": torch.randn(4096, 4096, generator=g).to(torch.bfloat16) for i in range(n)}
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-TOKEN = "bench-weights-token"
-
-
-def start_service_argv(root: Path, port: int, host: str = "127.0.0.1") -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", "weights", "serve", f"weights.root={root}", f"weights.port={port}",
-            f"weights.host={host}", f"weights.token={TOKEN}", "telemetry.log_level=WARNING",
-            "telemetry.metrics_port=-1"]
-
-
-def wait_http(url: str, timeout_s: float, log: Path | None = None, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"weight store exited: {proc.stderr.read().decode()[-2000:]}") from None
-            time.sleep(0.1)
-    tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
-    raise TimeoutError(f"{url} did not answer in {timeout_s:.0f}s {tail}")
-
-
-def start_service(root: Path, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(start_service_argv(root, port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", 60, proc=proc)
-    except TimeoutError:
-        proc.kill()
-        raise
-    return proc
 
 
 def best(times: list[float]) -> float:
@@ -150,7 +102,8 @@ async def main(args) -> None:
         js = nc.jetstream()
         await bus.ensure_streams(js, StreamsConfig())
         await announce(js, wv)
-        # the default reader checks every file's sha256 (issue 16); `trusting` is the explicit opt-out
+        # the default reader checks every file's sha256 (weights.verify_shared_sha256); `trusting` is the
+        # explicit opt-out
         shared = WeightStoreClient(http_cfg.model_copy(update={"shared_fs": True}))
         trusting = WeightStoreClient(http_cfg.model_copy(update={"shared_fs": True, "verify_shared_sha256": False}))
         # "Loaded" = copied into the reader's own tensors (a model's parameters), as a weight swap does:

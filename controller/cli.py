@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
+from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
 
 
 def controller_cmd(config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
@@ -40,15 +40,15 @@ async def _serve(cfg) -> None:
 
     from controller.api import make_app
     from controller.service import Controller
-    from shared.auth import AuthConfigError
-    from shared.credentials import SecretFileError
-    from shared.telemetry import setup_logging
+    from shared.runtime.auth import AuthConfigError
+    from shared.runtime.credentials import SecretFileError
+    from shared.runtime.telemetry import setup_logging
 
     setup_logging(cfg.telemetry, "controller")
     srv = None
     try:
         if cfg.nats.embedded:
-            from shared.natsd import embedded_from_config
+            from shared.runtime.natsd import embedded_from_config
 
             # die_with_parent: a SIGKILLed controller takes its server along (Linux)
             srv = embedded_from_config(cfg.nats, die_with_parent=True).start()
@@ -75,7 +75,7 @@ async def _serve(cfg) -> None:
 
 
 def _config_token(cfg) -> str:
-    from shared.credentials import SecretFileError
+    from shared.runtime.credentials import SecretFileError
 
     try:
         return cfg.controller.secret("token")

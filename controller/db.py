@@ -20,7 +20,6 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
-    select,
 )
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
@@ -38,8 +37,6 @@ DEAD_LETTERED = "dead_lettered"
 LEDGER_STATES = (RELEASED, RECEIVED, TRAINED, DROPPED_STALE, FILTERED, DEAD_LETTERED)
 # Groups in these states no longer count against the admission bound (their work was thrown away).
 FREED_STATES = (DROPPED_STALE, FILTERED, DEAD_LETTERED)
-
-RUN_STATUSES = ("running", "paused", "stopped")
 
 
 def now() -> float:
@@ -223,7 +220,3 @@ def open_database(url: str) -> tuple[Engine, sessionmaker]:
                 f"newer than this controller's {SCHEMA_VERSION}: upgrade jetrl"
             )
     return engine, Session
-
-
-def run_exists(session, run_id: str) -> bool:
-    return session.scalar(select(Run.id).where(Run.id == run_id)) is not None

@@ -34,9 +34,10 @@ from controller.db import (
     WeightVersionRow,
     now,
 )
-from shared import codec, subjects
-from shared.bus import ConsumerLoop
-from shared.messages import DeadLetter, Event, PromptTask, TrajectoryGroup, WeightVersion
+from controller.release import VersionGate
+from shared.contract import codec, subjects
+from shared.contract.consumer import ConsumerLoop
+from shared.contract.messages import DeadLetter, Event, PromptTask, TrajectoryGroup, WeightVersion
 
 log = logging.getLogger("jetrl.controller.follower")
 
@@ -163,6 +164,7 @@ def record_version(Session_, run_id: str, wv: WeightVersion) -> None:
 class RunFollower:
     def __init__(self, ctl, run_id: str, releaser=None):
         self.ctl, self.run_id, self.releaser = ctl, run_id, releaser
+        self.gate = VersionGate(ctl, run_id)
         self.loops: list[ConsumerLoop] = []
         self._tasks: list[asyncio.Task] = []
         self._stop = asyncio.Event()
@@ -216,6 +218,8 @@ class RunFollower:
             wv = codec.decode(raw, expect=WeightVersion)
         except codec.DecodeError as exc:
             log.warning("run %s: undecodable weight announcement ignored: %s", self.run_id, exc)
+            return
+        if not await self.gate.admit(wv):  # only versions the weight store holds (release.py, VersionGate)
             return
         await asyncio.to_thread(record_version, self.ctl.Session, self.run_id, wv)
         if self.releaser is not None:

@@ -22,9 +22,9 @@ from sqlalchemy import select
 
 from controller import ledger
 from controller.db import RELEASED, Enqueue, Ledger, Run, now
-from shared import bus, subjects
 from shared.config import JetrlConfig
-from shared.messages import PromptTask
+from shared.contract import bus, subjects
+from shared.contract.messages import PromptTask
 
 log = logging.getLogger("jetrl.controller.release")
 
@@ -57,6 +57,76 @@ class Pending:
     futures: list[asyncio.Future] = field(default_factory=list)
 
 
+class VersionGate:
+    """Whether the controller acts on an announced weight version (a forged one moves nothing). With
+    `controller.verify_weights` (the default) a version raises the admission bound only when the weight
+    store holds it with the manifest the announcement names (weight_store.verify.StoreCheck, cached);
+    a version below the last one accepted is refused, and a jump past last + 1 only when the store holds
+    every version in between (or dropped them by retention: they are older than its oldest). A version
+    the store no longer holds because retention retired it (older than its oldest held) is accepted
+    unverified: announcements can queue behind a slow check while the trainer runs ahead. A refusal
+    is logged and published as a "weights_refused" event of service "controller" naming the version; the
+    bound stays where it was. A store that cannot be asked leaves the version undecided (retried on the
+    next announcement or KV check), never accepted."""
+
+    def __init__(self, ctl, run_id: str):
+        self.ctl, self.run_id = ctl, run_id
+        self.last = -1  # the newest version accepted by this process
+        self._check = None
+        self._refused: set[tuple[int, str]] = set()
+
+    def _store(self):
+        if self._check is None:
+            from weight_store.client import WeightStoreClient
+
+            self._check = WeightStoreClient(self.ctl.cfg.weights).store_check(self.run_id)
+        return self._check
+
+    async def admit(self, wv) -> bool:
+        if not getattr(self.ctl.ccfg, "verify_weights", True):
+            return True
+        if wv.version <= self.last:
+            if wv.version < self.last:
+                await self._refuse(wv, f"version {wv.version} is below the last accepted version {self.last}")
+            return False
+        try:
+            check = self._store()
+            why = await check.refusal(wv)
+            if why is not None and wv.run == self.run_id and await check.manifest(wv.version) is None:
+                held = await check.source.versions(self.run_id)
+                if held and wv.version < min(held):
+                    # Retired by the store's retention before this check ran (a backlog of announcements):
+                    # it cannot lift the bound past what the store holds, so it is recorded unverified.
+                    log.info("run %s: version %d was already retired by the weight store (oldest held %d); "
+                             "recorded without its manifest check", self.run_id, wv.version, min(held))
+                    why = None
+            if why is None and self.last >= 0 and wv.version > self.last + 1:
+                held = await self._store().source.versions(self.run_id)
+                missing = [k for k in range(max(self.last + 1, min(held, default=0)), wv.version) if k not in held]
+                if missing:
+                    why = (f"jump from version {self.last} to {wv.version}: the weight store does not hold "
+                           f"{missing[:5]}")
+        except Exception as exc:
+            log.warning("run %s: cannot check version %d with the weight store (%s: %s); not acting on it yet",
+                        self.run_id, wv.version, type(exc).__name__, exc)
+            return False
+        if why is not None:
+            await self._refuse(wv, why)
+            return False
+        self.last = wv.version
+        return True
+
+    async def _refuse(self, wv, why: str) -> None:
+        key = (wv.version, wv.sha256)
+        if key in self._refused:  # the periodic KV check re-reads the same value: report it once
+            return
+        self._refused.add(key)
+        log.error("run %s: refusing announced weight version %d: %s", self.run_id, wv.version, why)
+        if self.ctl.js is not None:
+            await bus.EventPublisher(self.ctl.js, self.ctl.nc, self.run_id, "controller").emit(
+                "weights_refused", {"version": wv.version, "step": wv.step, "error": why, "service": "controller"})
+
+
 class RunReleaser:
     """The release loop of one run. `ctl` gives Session, js, nc, controller config and dataset readers."""
 
@@ -68,7 +138,6 @@ class RunReleaser:
         self.current_version = -1
         self.current_step = 0  # the trainer step of current_version (see ledger.admission_bound)
         self.outstanding = 0
-        self.released_total = 0
         self._perm_cache: dict = {}
         self._cfg: JetrlConfig | None = None
         self._recount = False
@@ -157,7 +226,6 @@ class RunReleaser:
         rows, cursors, msgs = planned
         ledger.reserve(self.ctl.Session, self.run_id, rows, cursors, acked_seq)
         self.outstanding += len(rows)
-        self.released_total += len(rows)
         return run.status, (rows, msgs)
 
     async def _sleep(self) -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from nats.js.errors import NotFoundError
 
-from shared import codec, subjects
-from shared.messages import TrajectoryGroup
+from shared.contract import codec, subjects
+from shared.contract.messages import TrajectoryGroup
 
 log = logging.getLogger("jetrl.controller.rollouts")
 
@@ -64,7 +64,7 @@ def load_decoder(name: str):
     import alone took ~4 s of CPU beside a running trainer, bench/tracking.py). transformers' tokenizer
     only for a name without a tokenizer.json (a hub id, a slow tokenizer). Its decode is the fast
     tokenizer's own; transformers' clean-up of spaces around punctuation (off for BPE) is not applied."""
-    from shared.tinymodel import TINY_MARKER, load_tokenizer, tiny_tokenizer_object
+    from shared.model.tinymodel import TINY_MARKER, load_tokenizer, tiny_tokenizer_object
 
     if not name:
         return tiny_tokenizer_object()

@@ -16,14 +16,14 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from controller.datasets import DatasetReader
+from controller.datasets import DatasetReader, private_dir
 from controller.db import Dataset, Run, open_database
 from controller.follower import RunFollower
 from controller.metrics import ControllerMetrics
 from controller.release import RunReleaser
 from controller.rollouts import Tokenizers
-from shared import bus
 from shared.config import JetrlConfig
+from shared.contract import bus
 
 log = logging.getLogger("jetrl.controller")
 
@@ -36,8 +36,8 @@ class Controller:
         self.metrics = ControllerMetrics(self.Session)
         self.tokenizers = Tokenizers()  # the rollout viewer's, one per run config
         self.data_dir = Path(self.ccfg.data_dir)
-        (self.data_dir / "datasets").mkdir(parents=True, exist_ok=True)
-        (self.data_dir / "uploads").mkdir(parents=True, exist_ok=True)
+        for sub in ("", "datasets", "uploads"):  # 0700 whatever the umask: datasets are the user's data
+            private_dir(self.data_dir / sub)
         self.nc = None
         self.js = None
         self.nats_state = "not started"
@@ -148,7 +148,7 @@ class Controller:
         """Prompts waiting / being generated, trajectories waiting for the trainer, dead letters."""
         from nats.js.errors import NotFoundError
 
-        from shared import subjects
+        from shared.contract import subjects
 
         if not self.ready:
             return {"nats": self.nats_state}

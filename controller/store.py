@@ -6,7 +6,6 @@ api.py turns it into the HTTP answer. Functions are synchronous (FastAPI runs th
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 
 from sqlalchemy import func, select
@@ -17,6 +16,7 @@ from controller import ledger
 from controller.datasets import Normalized
 from controller.db import Dataset, Enqueue, EventRow, Health, Metric, Run, WeightVersionRow, now
 from shared.config import JetrlConfig
+from shared.io.jsonl import JSONInputError, check_plain, loads_strict, nesting_depth
 
 
 class ApiError(Exception):
@@ -77,25 +77,10 @@ def find_dataset(s: Session, ref: str) -> Dataset:
 MAX_CONFIG_DEPTH = 32
 
 
-def _depth(v, limit: int, level: int = 0) -> int:
-    """Nesting depth of a parsed config, counted up to just past `limit` (iterative: no recursion)."""
-    deepest, stack = level, [(v, level)]
-    while stack:
-        node, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > limit:
-            return deepest
-        if isinstance(node, dict):
-            stack.extend((x, d + 1) for x in node.values())
-        elif isinstance(node, list):
-            stack.extend((x, d + 1) for x in node)
-    return deepest
-
-
 def parse_run_config(body: bytes, content_type: str) -> JetrlConfig:
     """A run config from a JSON or YAML request body, validated like the CLI's config files. YAML aliases
-    are refused (a few hundred bytes of nested aliases expand to gigabytes), and so is nesting deeper than
-    MAX_CONFIG_DEPTH."""
+    are refused (a few hundred bytes of nested aliases expand to gigabytes), and so are nesting deeper than
+    MAX_CONFIG_DEPTH, NaN / Infinity and integers outside 64 bits (shared/io/jsonl.py: loads_strict, check_plain)."""
     import yaml
     from pydantic import ValidationError
 
@@ -104,15 +89,19 @@ def parse_run_config(body: bytes, content_type: str) -> JetrlConfig:
     text = body.decode("utf-8", errors="replace")
     kind = "JSON" if "json" in content_type else "YAML"
     try:
-        data = json.loads(text) if kind == "JSON" else safe_yaml_load(text)
+        data = loads_strict(text, MAX_CONFIG_DEPTH) if kind == "JSON" else safe_yaml_load(text)
     except RecursionError:
         raise ApiError(400, f"run config is not valid {kind}: nested too deeply") from None
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    except (ValueError, yaml.YAMLError) as exc:  # ValueError: JSONInputError, or YAML's 4300-digit int
         raise ApiError(400, f"run config is not valid {kind}: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError(422, "run config must be a mapping of sections (run, schedule, rollout, ...)")
-    if _depth(data, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
+    if nesting_depth(data, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
         raise ApiError(422, f"run config is nested deeper than {MAX_CONFIG_DEPTH} levels: flatten it")
+    try:
+        check_plain(data, MAX_CONFIG_DEPTH)
+    except JSONInputError as exc:
+        raise ApiError(422, f"run config: {exc}") from None
     try:
         return JetrlConfig.model_validate(data)
     except ValidationError as exc:
@@ -149,7 +138,7 @@ def get_run(s: Session, run_id: str) -> Run:
 def create_run(Session_, cfg: JetrlConfig) -> tuple[dict, bool]:
     """Store the run's config with its secrets (tokens, NATS password) redacted: the database only needs
     the schedule and the algorithm, and is read by more people than the services' secrets are."""
-    from shared.credentials import redacted_dump
+    from shared.runtime.credentials import redacted_dump
 
     data = redacted_dump(cfg)
     with Session_.begin() as s:

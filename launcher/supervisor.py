@@ -8,7 +8,7 @@ A crash loop ends the run instead of restarting for ever: a child that exits wit
 Used by `jetrl up` / `jetrl demo`. Children are ordinary `jetrl <service>` processes, so what runs here
 is exactly what runs on separate hosts or in containers. Each child's environment names this process
 (JETRL_SUPERVISOR_PID): a `jetrl` child then takes SIGTERM when the supervisor dies, even by SIGKILL, instead
-of running on without it (shared/parent_death.py).
+of running on without it (shared/runtime/parent_death.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.parent_death import SUPERVISOR_ENV
+from shared.runtime.parent_death import SUPERVISOR_ENV
 
 log = logging.getLogger("jetrl.supervisor")
 
@@ -100,7 +100,7 @@ class Supervisor:
         self._tasks.append(asyncio.create_task(self._keep_running(self.children[spec.name])))
 
     async def _spawn(self, child: ChildState) -> None:
-        # SUPERVISOR_ENV: the child takes SIGTERM if this process dies (shared/parent_death.py)
+        # SUPERVISOR_ENV: the child takes SIGTERM if this process dies (shared/runtime/parent_death.py)
         env = {**os.environ, **child.spec.env, "PYTHONUNBUFFERED": "1", SUPERVISOR_ENV: str(os.getpid())}
         child.proc = await asyncio.create_subprocess_exec(
             *child.spec.argv, env=env, stdin=asyncio.subprocess.DEVNULL,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from shared.messages import ROLLOUT_STAGES, TRAINER_STAGES, WEIGHT_STAGES
+from shared.contract.messages import ROLLOUT_STAGES, TRAINER_STAGES, WEIGHT_STAGES
 
 
 def time_rows(timings: dict) -> list[tuple[str, str, float, float | None]]:

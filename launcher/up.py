@@ -8,6 +8,7 @@ The run dir gets `config.yaml`, the *resolved* config every child reads: free po
 controller and the weight store, and the state paths the config leaves at their defaults (database,
 datasets, weights, checkpoints) moved inside the run dir. Children are ordinary `jetrl <service>`
 processes (`python -m launcher.cli ...`), so what runs here is exactly what runs on separate hosts.
+What is started, with which config and command line, is planned by launcher/plan.py.
 Logs: prefixed on the terminal and in `<run dir>/logs/<name>.log`. Crashed children restart with
 back-off (launcher/supervisor.py), until one fails `launch.crash_loop_restarts` times within
 `launch.crash_loop_window_s`: then the run stops with that child's last log lines. A config that cannot
@@ -20,227 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.metrics_ports import MetricsPortError, assign_metrics_ports, local_host
-from launcher.supervisor import ProcessSpec, Supervisor
-from shared.config import JetrlConfig, dump_config
-from shared.credentials import write_private
-from shared.natsd import free_port
-
-CHILD = [sys.executable, "-m", "launcher.cli"]
-TORCH_CHILDREN = ("rollout", "trainer", "eval")
-
-
-@dataclass
-class UpOptions:
-    run_dir: Path
-    workers: int = 1  # rollout workers
-    reward_replicas: int = 1
-    with_eval: bool = True  # start the eval follower when the config asks for one
-    eval_dataset: str = ""  # override eval.dataset for the follower
-    eval_every: int = 0  # override eval.eval_every for the follower
-    echo_logs: bool = True
-    env: dict[str, str] = field(default_factory=dict)  # extra environment of every child
-
-
-# --- resolving the config ----------------------------------------------------------------------
-
-
-def _explicit(section, name: str) -> bool:
-    return name in section.model_fields_set
-
-
-def _inside(run_dir: Path, section, name: str, default_rel: str) -> None:
-    """Left at its default: move the path inside the run dir; given: make it absolute."""
-    if _explicit(section, name):
-        value = getattr(section, name)
-        if value and not Path(value).is_absolute():
-            setattr(section, name, str(Path(value).resolve()))
-    else:
-        setattr(section, name, str(run_dir / default_rel))
-
-
-def _port(section, name: str) -> int:
-    value = getattr(section, name)
-    if _explicit(section, name) and value:
-        return value
-    return free_port()
-
-
-def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
-    """The config every child reads: concrete ports and URLs, state paths inside `run_dir`, and NATS as a
-    server to connect to (the launcher runs the embedded one itself)."""
-    run_dir = run_dir.resolve()
-    out = cfg.model_copy(deep=True)
-    if out.nats.embedded:
-        port = _port(out.nats, "port")
-        _inside(run_dir, out.nats, "store_dir", "nats")
-        out.nats.port = port
-        out.nats.servers = [f"nats://127.0.0.1:{port}"]
-    c = out.controller
-    c.port = _port(c, "port")
-    if not _explicit(c, "url"):
-        c.url = f"http://{local_host(c.host)}:{c.port}"
-    if not _explicit(c, "db_url"):
-        c.db_url = f"sqlite:///{run_dir / 'controller.db'}"
-    _inside(run_dir, c, "data_dir", "data")
-    w = out.weights
-    w.port = _port(w, "port")
-    if not _explicit(w, "url"):
-        w.url = f"http://{local_host(w.host)}:{w.port}"
-    _inside(run_dir, w, "root", "weights")
-    t = out.trainer
-    _inside(run_dir, t, "checkpoint_dir", "checkpoints")
-    _inside(run_dir, t, "publish_dir", "published")
-    if out.tracking.enabled:
-        _inside(run_dir, out.tracking, "dir", "tracking")
-    ev = getattr(out, "eval", None)
-    if ev is not None and ev.dataset:
-        ev.dataset = str(Path(ev.dataset).resolve())
-    _run_secrets(out, run_dir / "secrets")
-    return out
-
-
-def _secret_into_file(section, name: str, path: Path) -> None:
-    """Make `section.<name>` come from a 0600 file: the user's file as given, an inline value moved into
-    `path`, or a fresh random one in `path` (kept across `jetrl up` restarts of the same run dir)."""
-    from shared.credentials import new_token, write_private
-
-    if getattr(section, f"{name}_file"):
-        setattr(section, f"{name}_file", str(Path(getattr(section, f"{name}_file")).expanduser().resolve()))
-        return
-    value = getattr(section, name)
-    if value:
-        write_private(path, value + "\n")
-    elif not path.is_file():
-        write_private(path, new_token() + "\n")
-    os.chmod(path, 0o600)
-    setattr(section, name, "")
-    setattr(section, f"{name}_file", str(path))
-
-
-def _run_secrets(out: JetrlConfig, secrets_dir: Path) -> None:
-    """Authenticated by default: the controller's and the weight store's bearer tokens and the embedded NATS
-    server's user + password live in 0600 files under `<run dir>/secrets/` (generated per run unless the
-    config names them); the config every child reads holds their paths, never the values. A section with
-    `insecure_no_auth: true` is left open (and its service logs a warning)."""
-    secrets_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(secrets_dir, 0o700)
-    if not out.controller.insecure_no_auth:
-        _secret_into_file(out.controller, "token", secrets_dir / "controller.token")
-    if not out.weights.insecure_no_auth:
-        _secret_into_file(out.weights, "token", secrets_dir / "weights.token")
-        if out.weights.read_token or out.weights.read_token_file:
-            _secret_into_file(out.weights, "read_token", secrets_dir / "weights.read_token")
-    n = out.nats
-    if n.embedded and not n.insecure_no_auth:
-        if n.token or n.token_file:
-            _secret_into_file(n, "token", secrets_dir / "nats.token")
-        else:
-            n.user = n.user or "jetrl"
-            _secret_into_file(n, "password", secrets_dir / "nats.password")
-    elif n.password or n.token:  # an external server's credentials: out of the children's config too
-        for name in ("password", "token"):
-            if getattr(n, name):
-                _secret_into_file(n, name, secrets_dir / f"nats.{name}")
-
-
-def child_config(resolved: JetrlConfig) -> JetrlConfig:
-    """What children read: they connect to the launcher's NATS instead of starting their own."""
-    out = resolved.model_copy(deep=True)
-    out.nats.embedded = False
-    return out
-
-
-# --- the process plan -------------------------------------------------------------------------
-
-
-def _threads_env(n_torch: int, threads: int = 0) -> dict[str, str]:
-    """OMP_NUM_THREADS of the torch processes (unless the user set OMP_NUM_THREADS): `threads`, or with
-    0 the cores divided between the n_torch processes."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return {}
-    if threads:
-        return {"OMP_NUM_THREADS": str(threads)}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, n_torch)))}
-
-
-def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[ProcessSpec]:
-    """Every child process of the run, in start order."""
-    from rollout_service.evaluation.session import eval_config
-
-    f = str(config_file)
-    specs: list[ProcessSpec] = []
-    n = resolved.nats
-    if n.embedded:
-        argv = CHILD + ["nats", "--port", str(n.port), "--store-dir", n.store_dir,
-                        "--max-payload-mb", str(max(1, -(-n.max_payload // (1024 * 1024)))),
-                        "--sync-interval", n.sync_interval]
-        # credentials by file (never on a command line, which every user of the host can read in ps)
-        if n.user:
-            argv += ["--user", n.user, "--password-file", n.password_file]
-        elif n.token_file:
-            argv += ["--token-file", n.token_file]
-        else:
-            argv += ["--insecure-no-auth"]
-        specs.append(ProcessSpec("nats", argv, ready_line="nats-server nats://"))
-    specs.append(ProcessSpec("controller", CHILD + ["controller", "-c", f]))
-    specs.append(ProcessSpec("weights", CHILD + ["weights", "serve", "-c", f]))
-    for i in range(opts.reward_replicas):
-        name = "reward" if opts.reward_replicas == 1 else f"reward-{i}"
-        specs.append(ProcessSpec(name, CHILD + ["reward", "serve", "-c", f]))
-    ecfg = eval_config(resolved)
-    eval_dataset = opts.eval_dataset or ecfg.dataset
-    eval_every = opts.eval_every or ecfg.eval_every
-    want_eval = opts.with_eval and bool(eval_dataset) and eval_every > 0
-    n_torch = opts.workers + resolved.trainer.nproc + (1 if want_eval else 0)
-    threads = _threads_env(n_torch, resolved.launch.torch_threads)
-    for i in range(opts.workers):
-        name = "rollout" if opts.workers == 1 else f"rollout-{i}"
-        specs.append(ProcessSpec(name, CHILD + ["rollout", "-c", f, "--worker", f"{resolved.run}-{name}"],
-                                 env=dict(threads)))
-    specs.append(ProcessSpec("trainer", CHILD + ["trainer", "-c", f, "--resume"], env=dict(threads)))
-    if resolved.tracking.enabled:  # one more bus subscriber; the trainer and workers know nothing of it
-        specs.append(ProcessSpec("track", CHILD + ["track", "-c", f]))
-    if want_eval:
-        specs.append(ProcessSpec("eval", CHILD + ["eval", "-c", f, "--follow", "--dataset",
-                                                  str(Path(eval_dataset).resolve()), "--every", str(eval_every)],
-                                 env=dict(threads)))
-    for s in specs:
-        s.env.update(opts.env)
-    return specs
-
-
-def write_resolved(cfg: JetrlConfig, opts: UpOptions) -> tuple[JetrlConfig, Path]:
-    """Resolve, write `<run dir>/config.yaml` (the children's view), return (resolved, path)."""
-    opts.run_dir.mkdir(parents=True, exist_ok=True)
-    resolved = resolve_config(cfg, opts.run_dir)
-    path = opts.run_dir.resolve() / "config.yaml"
-    write_private(path, dump_config(child_config(resolved)))  # 0600: it names the secret files
-    return resolved, path
-
-
-def dry_run_text(cfg: JetrlConfig, opts: UpOptions) -> str:
-    import shlex
-
-    resolved, path = write_resolved(cfg, opts)
-    specs = plan(resolved, path, opts)
-    ports = assign_metrics_ports(specs, resolved.telemetry)
-    lines = [f"# resolved config (read by every process): {path}", path.read_text().rstrip(), "", "# processes"]
-    for s in specs:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items())
-        lines.append(f"{s.name}: {env + ' ' if env else ''}{shlex.join(s.argv)}")
-    lines += ["", "# metrics ports (telemetry.metrics_base_port + offset)"]
-    lines += [f"{name}: {port}" for name, port in ports.items()]
-    return "\n".join(lines) + "\n"
-
+from launcher.plan import UpOptions, plan, write_resolved
+from launcher.supervisor import Supervisor
+from shared.config import JetrlConfig
 
 # --- the launcher -----------------------------------------------------------------------------
 
@@ -365,7 +154,7 @@ class Launcher:
         when `up` is started again)."""
         import yaml
 
-        from shared.credentials import redacted_dump
+        from shared.runtime.credentials import redacted_dump
 
         body = yaml.safe_dump(redacted_dump(self.cfg, placeholder=""), sort_keys=False).encode()  # no secrets
         return await self._check(await self.http.post("/v1/runs", content=body,

@@ -2,9 +2,11 @@
 
 Every node uses the same fixed ports on its own host (client 4222, routes 6222, monitoring 8222: each
 host is its own network namespace), the config of docs/deploy.md. `urls` is what every service lists
-in `nats.servers`, with `token_file` as `nats.token_file` (clients authenticate: every node is started with
-the same token, written 0600 under the cluster's root); services then create the streams and the weights
-KV bucket with `streams.replicas`.
+in `nats.servers`. Clients authenticate as per-service users, as `jetrl up` makes them: every node is
+started with the same `users_dir` (one 0600 `<role>.password` per role of shared/runtime/nats_permissions.py under
+the cluster's root, scoped to `run`), and `client_config(role)` / `identity(role)` connect a process as
+`jetrl-<role>` with only that role's permissions (the controller creates the streams and the weights KV
+bucket with `streams.replicas`; every other service binds to them).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 
 from multihost.netns import HostNet
 from shared.config import NatsConfig
-from shared.credentials import new_token, write_private
+from shared.runtime.credentials import new_token, write_private
+from shared.runtime.nats_permissions import ROLES, user_name
 
 CLIENT_PORT, ROUTE_PORT, MONITOR_PORT = 4222, 6222, 8222
 CLI = [sys.executable, "-m", "launcher.cli"]
@@ -30,6 +33,7 @@ class NatsCluster:
     net: HostNet
     nodes: dict[str, str]  # server name -> host
     root: Path
+    run: str = "*"  # the run the services' users are scoped to ("*" = any run)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -37,17 +41,27 @@ class NatsCluster:
         return [f"nats://{self.net.addr(h)}:{CLIENT_PORT}" for h in self.nodes.values()]
 
     @property
-    def token_file(self) -> Path:
-        """The client token every node requires (made on first use, mode 0600)."""
-        path = self.root / "nats.token"
-        if not path.is_file():
-            self.root.mkdir(parents=True, exist_ok=True)
-            write_private(path, new_token() + "\n")
-        return path
+    def users_dir(self) -> Path:
+        """One password file per role, every node's users (made on first use, 0600 files in a 0700 dir)."""
+        d = self.root / "users"
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o700)
+        for role in ROLES:
+            if not (d / f"{role}.password").is_file():
+                write_private(d / f"{role}.password", new_token() + "\n")
+        return d
 
-    def client_config(self, **kw) -> NatsConfig:
-        """A NatsConfig listing every node, with the cluster's token."""
-        return NatsConfig(servers=self.urls, token_file=str(self.token_file), **kw)
+    def identity(self, role: str) -> dict[str, str]:
+        """Config overrides ({dotted key: value}) connecting a service as `jetrl-<role>`; every role but the
+        controller (and admin) binds to the streams instead of creating them (launcher/up.py's
+        nats_identity for `jetrl up`)."""
+        out = {"nats.user": user_name(role), "nats.password_file": str(self.users_dir / f"{role}.password")}
+        return out if role in ("controller", "admin") else {**out, "streams.manage": "false"}
+
+    def client_config(self, role: str = "admin", **kw) -> NatsConfig:
+        """A NatsConfig listing every node, connecting as `role`'s user (admin: every permission)."""
+        return NatsConfig(servers=self.urls, user=user_name(role),
+                          password_file=str(self.users_dir / f"{role}.password"), **kw)
 
     def routes(self) -> list[str]:
         return [f"nats://{self.net.addr(h)}:{ROUTE_PORT}" for h in self.nodes.values()]
@@ -55,9 +69,10 @@ class NatsCluster:
     def argv(self, name: str) -> list[str]:
         host = self.nodes[name]
         return CLI + ["nats", "--host", self.net.addr(host), "--port", str(CLIENT_PORT),
-                      "--monitor-port", str(MONITOR_PORT), "--store-dir", str(self.root / name),
+                      "--monitor-port", str(MONITOR_PORT), "--monitor-host", self.net.addr(host),
+                      "--store-dir", str(self.root / name),
                       "--server-name", name, "--cluster", ",".join(self.routes()),
-                      "--token-file", str(self.token_file)]
+                      "--users-dir", str(self.users_dir), "--run", self.run]
 
     def start(self, name: str) -> subprocess.Popen:
         """Start (or start again, on its store dir) node `name` on its host."""

@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from shared.parent_death import parent_death_preexec
+from shared.runtime.parent_death import parent_death_preexec
 
 log = logging.getLogger("jetrl.netns")
 

@@ -1,12 +1,14 @@
 """A whole run spread over hosts (network namespaces, multihost/netns.py), with host-level faults, audited
-like the fault suite (launcher/fault_scenario.py: the ledger balances, nothing in flight, no group
+like the fault suite (testkit/fault_scenario.py: the ledger balances, nothing in flight, no group
 trained twice in the final model's lineage).
 
     host a: nats n1 + controller          host b: nats n2 + weight store     host c: nats n3 + trainer
     host d: rollout worker + reward       host e: rollout worker + reward    (host f: a worker added later)
 
 Every service lists the three NATS nodes; streams and the weights KV bucket have three replicas; workers
-fetch each version over HTTP from host b (`weights.shared_fs: false`, a cache dir per host). Faults:
+fetch each version over HTTP from host b (`weights.shared_fs: false`, a cache dir per host). Each service
+connects to NATS as its own user (multihost/cluster.py: `jetrl-controller`, `jetrl-rollout`, ... scoped to the
+run, as `jetrl up` does); the scenario itself as `jetrl-admin`. Faults:
 `kill_nats_node()` (SIGKILL n1; the run goes on; n1 restarts on its store and catches up), `cut_link("d")`
 (host d's cable out for 20 s, then back), `kill_host("e")` (every process on e), `add_worker("f")`.
 """
@@ -22,12 +24,12 @@ from pathlib import Path
 
 import yaml
 
-from launcher.fault_scenario import IN_FLIGHT_STATES, FaultOutcome, FaultScenario
 from multihost.cluster import NatsCluster
 from multihost.netns import HostNet
-from shared.auth import bearer_headers
 from shared.config import JetrlConfig, dump_config, load_config
-from shared.credentials import new_token, write_private
+from shared.runtime.auth import bearer_headers
+from shared.runtime.credentials import new_token, write_private
+from testkit.fault_scenario import IN_FLIGHT_STATES, FaultOutcome, FaultScenario
 
 CLI = [sys.executable, "-m", "launcher.cli"]
 HOSTS = ("a", "b", "c", "d", "e")
@@ -125,7 +127,9 @@ class SpreadScenario(FaultScenario):
         a, b = self.net.addr("a"), self.net.addr("b")
         data.update(streams={"replicas": 3})
         full = dict(data)
-        full["nats"] = {"servers": self.cluster.urls, "token_file": str(self.cluster.token_file),
+        admin = self.cluster.identity("admin")  # the scenario's own identity; each service gets its role's
+        full["nats"] = {"servers": self.cluster.urls, "user": admin["nats.user"],
+                        "password_file": admin["nats.password_file"],
                         "reconnect_wait_s": 0.2, "max_reconnect_wait_s": 2.0}
         secrets = self.root / "secrets"  # the controller's and weight store's bearer tokens, as `jetrl up` makes them
         for name in ("controller", "weights"):
@@ -150,32 +154,38 @@ class SpreadScenario(FaultScenario):
         proc = self.net.spawn(host, argv, log=self.logs / f"{name}.log", env={"OMP_NUM_THREADS": "1"})
         self.launcher.sup.procs[name] = HostProc(host, proc)
 
-    def service(self, name: str, host: str, *args: str) -> None:
-        extra = [f"weights.cache_dir={self.root / f'host-{host}' / 'cache'}"]
+    def nats_identity(self, role: str | None) -> list[str]:
+        """The overrides connecting a service as its role's NATS user (None: a service without NATS)."""
+        return [f"{k}={v}" for k, v in self.cluster.identity(role).items()] if role else []
+
+    def service(self, name: str, host: str, *args: str, role: str | None = None) -> None:
+        extra = [f"weights.cache_dir={self.root / f'host-{host}' / 'cache'}", *self.nats_identity(role)]
         self.spawn(name, host, CLI + list(args) + ["-c", str(self.config_file), *extra])
 
     def rollout(self, host: str) -> None:
         self.spawn(f"rollout-{host}", host, CLI + ["rollout", "-c", str(self.config_file), "--worker",
                                                    f"spread-rollout-{host}",
-                                                   f"weights.cache_dir={self.root / f'host-{host}' / 'cache'}"])
+                                                   f"weights.cache_dir={self.root / f'host-{host}' / 'cache'}",
+                                                   *self.nats_identity("rollout")])
 
     async def start(self) -> None:
         self._phase(self.wait_s)
         self.net = HostNet(HOSTS).create()
-        self.cluster = NatsCluster(self.net, {"n1": "a", "n2": "b", "n3": "c"}, self.root / "nats")
+        self.cluster = NatsCluster(self.net, {"n1": "a", "n2": "b", "n3": "c"}, self.root / "nats", run=self.run)
         await asyncio.to_thread(self.cluster.start_all, 90)
         user, resolved = self.spread_config()
         self.launcher = HostLauncher(user, resolved)
         for n, h in self.cluster.nodes.items():
             self.launcher.sup.procs[f"nats-{n}"] = HostProc(h, self.cluster.procs[n])
-        self.service("controller", "a", "controller")
-        self.service("weights", "b", "weights", "serve")
+        self.service("controller", "a", "controller", role="controller")
+        self.service("weights", "b", "weights", "serve")  # does not use NATS
         await self._until(self.launcher._controller_up, "the controller on host a")
         await self._retry(self.launcher.create_run, "creating the run")
         for h in ("d", "e"):
-            self.service(f"reward-{h}", h, "reward", "serve")
+            self.service(f"reward-{h}", h, "reward", "serve", role="reward")
             self.rollout(h)
-        self.spawn("trainer", "c", CLI + ["trainer", "-c", str(self.config_file), "--resume"])
+        self.spawn("trainer", "c", CLI + ["trainer", "-c", str(self.config_file), "--resume",
+                                          *self.nats_identity("trainer")])
         await self.next_slice()
         await self._until(lambda: self._step_at_least(2), "the first trainer steps")
 

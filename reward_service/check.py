@@ -25,9 +25,9 @@ import nats.errors
 import numpy as np
 from nats.aio.client import Client as NATS
 
-from shared import codec, subjects
-from shared.jsonl import json_objects
-from shared.messages import RewardResult
+from shared.contract import codec, subjects
+from shared.contract.messages import RewardResult
+from shared.io.jsonl import json_objects
 
 SERVICE_NAME = "jetrl-reward"  # the NATS micro service name every replica registers (docs/reward.md)
 
@@ -305,7 +305,7 @@ async def check_main(cfg: Any, task: str, requests: int, timeout: float, known: 
                      max_completions: int = 4096) -> bool:
     from rich.console import Console
 
-    from shared import bus
+    from shared.contract import bus
 
     try:
         nc = await asyncio.wait_for(bus.connect(cfg.nats, name="reward-check"), 3 * cfg.nats.connect_timeout_s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
+from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
 
 reward_app = typer.Typer(help="Reward scoring: the NATS service, offline scoring, conformance checks.",
                          no_args_is_help=True)
@@ -15,7 +15,7 @@ TASK_OPTION = typer.Option(None, "--task", "-t", help="Reward task (default: rew
 def _config(config: str | None, overrides: list[str] | None, task: str | None):
     cfg = load_or_exit(config, overrides)
     if task:
-        from shared.subjects import check_token
+        from shared.contract.subjects import check_token
 
         try:
             check_token(task, "reward task")
@@ -50,7 +50,7 @@ def serve_cmd(
 ) -> None:
     """Serve jetrl.reward.<task> (queue group jetrl-reward) until SIGTERM / Ctrl-C."""
     from reward_service.service import serve
-    from shared.telemetry import setup_logging
+    from shared.runtime.telemetry import setup_logging
 
     cfg = _config(config, overrides, task)
     setup_logging(cfg.telemetry, "reward")

@@ -16,9 +16,9 @@ import nats.errors
 import numpy as np
 from nats.aio.client import Client as NATS
 
-from shared import codec, subjects
 from shared.config import RewardConfig
-from shared.messages import RewardRequest, RewardResult
+from shared.contract import codec, subjects
+from shared.contract.messages import RewardRequest, RewardResult
 
 log = logging.getLogger("jetrl.reward.client")
 

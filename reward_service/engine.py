@@ -20,9 +20,9 @@ import msgpack
 
 from reward_service.pool import ProcessPool
 from reward_service.scorers import BUILTIN, MODES, Score, call_scorer, load_scorer, scorer_ref
-from shared import codec
 from shared.config import RewardConfig
-from shared.messages import RewardRequest, RewardResult
+from shared.contract import codec
+from shared.contract.messages import RewardRequest, RewardResult
 
 log = logging.getLogger("jetrl.reward.engine")
 

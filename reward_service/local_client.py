@@ -20,7 +20,7 @@ import numpy as np
 
 from reward_service.engine import ScoringEngine
 from shared.config import RewardConfig
-from shared.messages import RewardRequest, RewardResult
+from shared.contract.messages import RewardRequest, RewardResult
 
 
 class LocalRewardClient:

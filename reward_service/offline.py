@@ -15,7 +15,7 @@ from typing import Any
 
 from reward_service.engine import ScoringEngine
 from shared.config import RewardConfig
-from shared.messages import RewardRequest
+from shared.contract.messages import RewardRequest
 
 
 @dataclass

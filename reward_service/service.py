@@ -22,10 +22,11 @@ from nats.micro.request import Request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from reward_service.engine import ScoringEngine, error_result
-from shared import __version__, bus, codec, subjects
-from shared.bus import EventPublisher
+from shared import __version__
 from shared.config import JetrlConfig
-from shared.messages import RewardResult
+from shared.contract import bus, codec, subjects
+from shared.contract.bus import EventPublisher
+from shared.contract.messages import RewardResult
 
 log = logging.getLogger("jetrl.reward.service")
 
@@ -181,8 +182,8 @@ async def serve(cfg: JetrlConfig, task: str | None = None, concurrency: int | No
     """`jetrl reward serve`: connect, serve until SIGTERM/SIGINT (or `stop`), drain and exit."""
     import signal
 
-    from shared import bus
-    from shared.telemetry import start_metrics
+    from shared.contract import bus
+    from shared.runtime.telemetry import start_metrics
 
     nc = await bus.connect(cfg.nats, name=f"reward-{task or cfg.reward.task}")
     svc = RewardService(nc, cfg, task, concurrency, js=nc.jetstream())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
+from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
 
 
 def rollout_cmd(
@@ -17,7 +17,7 @@ def rollout_cmd(
     from rollout_service.service import serve
     from rollout_service.tools import build_tools
     from rollout_service.workflows import WorkflowLoadError, load_workflow
-    from shared.telemetry import setup_logging
+    from shared.runtime.telemetry import setup_logging
 
     setup_logging(cfg.telemetry, "rollout")
     try:  # fail at start-up, before connecting or loading a model, on a bad workflow or tool config

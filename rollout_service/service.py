@@ -22,15 +22,15 @@ import time
 import uuid
 from typing import Any
 
-from rollout_service.engines.base import EngineDead
+from rollout_service.engines.base import EngineDead, PromptTooLong
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.tools import ToolRegistry, build_tools
 from rollout_service.weight_sync import WeightFollower, weight_store_source
 from rollout_service.workflows import Workflow, WorkflowContext, load_workflow
-from shared import bus, subjects
 from shared.config import JetrlConfig
-from shared.messages import PromptTask, TrajectoryGroup
-from shared.telemetry import Rate, start_metrics
+from shared.contract import bus, consumer, subjects
+from shared.contract.messages import PromptTask, TrajectoryGroup
+from shared.runtime.telemetry import Rate, start_metrics
 
 log = logging.getLogger("jetrl.rollout")
 
@@ -73,7 +73,7 @@ class RolloutWorker:
         if self.tools is None:
             self.tools = build_tools(cfg.rollout.tools)
         if self.tokenizer is None:
-            from shared.tinymodel import load_tokenizer
+            from shared.model.tinymodel import load_tokenizer
 
             self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
         if self.engine is None:
@@ -95,7 +95,7 @@ class RolloutWorker:
                 self._closers.append(close)
             else:
                 watch, fetch, latest = (tuple(self._weights) + (None,))[:3]
-            from shared.adapters import base_fingerprint
+            from shared.model.adapters import base_fingerprint
 
             self.follower = WeightFollower(self.engine, cfg.run, watch, fetch, latest,
                                            served_base=lambda: base_fingerprint(cfg.model),
@@ -110,7 +110,7 @@ class RolloutWorker:
             self.agents.nc = self.nc
             await self.agents.start()
         svc = cfg.rollout.service
-        self.loop = bus.ConsumerLoop(
+        self.loop = consumer.ConsumerLoop(
             self.js, self.nc, run=cfg.run, stream=subjects.PROMPTS_STREAM, subject=subjects.prompts(cfg.run),
             durable=subjects.rollout_consumer(cfg.run), handler=self._handle, expect=PromptTask, source="rollout",
             batch=min(svc.fetch_batch, cfg.rollout.max_in_flight), max_in_flight=cfg.rollout.max_in_flight,
@@ -213,17 +213,17 @@ class RolloutWorker:
         return self.loop.in_flight if self.loop is not None else 0
 
     def check_bounds(self, task: PromptTask) -> None:
-        """bus.Reject (dead-lettered at once, unprocessed) for a task over the worker's bounds: what a task
+        """consumer.Reject (dead-lettered at once, unprocessed) for a task over the worker's bounds: what a task
         may ask for is the config's to decide, not the sender's."""
         svc = self.cfg.rollout.service
         if task.run != self.cfg.run:
-            raise bus.Reject(f"prompt task of run {task.run!r} on run {self.cfg.run!r}'s subject")
+            raise consumer.Reject(f"prompt task of run {task.run!r} on run {self.cfg.run!r}'s subject")
         if not 1 <= task.group_size <= svc.max_group_size:
-            raise bus.Reject(f"group_size {task.group_size} is outside 1..{svc.max_group_size} "
+            raise consumer.Reject(f"group_size {task.group_size} is outside 1..{svc.max_group_size} "
                              "(rollout.service.max_group_size)")
         mnt = task.sampling.get("max_new_tokens") if isinstance(task.sampling, dict) else None
         if mnt is not None and (isinstance(mnt, bool) or not isinstance(mnt, int) or not 1 <= mnt <= svc.max_new_tokens):
-            raise bus.Reject(f"sampling.max_new_tokens {mnt!r} is outside 1..{svc.max_new_tokens} "
+            raise consumer.Reject(f"sampling.max_new_tokens {mnt!r} is outside 1..{svc.max_new_tokens} "
                              "(rollout.service.max_new_tokens)")
         p = task.payload if isinstance(task.payload, dict) else {}
         prompt, messages = p.get("prompt"), p.get("messages")
@@ -231,8 +231,20 @@ class RolloutWorker:
         if isinstance(messages, list):
             size += sum(len(str(m.get("content", ""))) if isinstance(m, dict) else len(str(m)) for m in messages)
         if size > svc.max_prompt_chars:
-            raise bus.Reject(f"prompt of {size} characters is over rollout.service.max_prompt_chars "
+            raise consumer.Reject(f"prompt of {size} characters is over rollout.service.max_prompt_chars "
                              f"{svc.max_prompt_chars}")
+
+    def check_sample_lengths(self, samples) -> None:
+        """consumer.Reject for a group with a sample longer than rollout.service.max_sample_tokens (0 = the model's
+        context where the engine knows it): refused here, at admission, not in the trainer."""
+        limit = self.cfg.rollout.service.max_sample_tokens or self.engine.context_tokens
+        if not limit:
+            return
+        for i, s in enumerate(samples):
+            if len(s.tokens) > limit:
+                raise consumer.Reject(f"sample {i} of the group has {len(s.tokens)} tokens, over "
+                                 f"rollout.service.max_sample_tokens {limit}"
+                                 + ("" if self.cfg.rollout.service.max_sample_tokens else " (the model's context)"))
 
     async def _handle(self, task: PromptTask, msg) -> None:
         t0 = time.monotonic()
@@ -245,6 +257,7 @@ class RolloutWorker:
                 problem = s.validate()
                 if problem:
                     raise ValueError(f"workflow {self.workflow_name}: sample {i}{problem[0]} {problem[1]}")
+            self.check_sample_lengths(samples)
             group = TrajectoryGroup(
                 run=task.run, prompt_id=task.prompt_id, epoch=task.epoch, samples=samples,
                 workflow=self.workflow_name, worker=self.instance, released_at_version=task.released_at_version,
@@ -258,6 +271,8 @@ class RolloutWorker:
                     v = s.timings.get(stage)
                     if isinstance(v, (int, float)):
                         self.metrics.stage_seconds.labels(stage).observe(v)
+        except PromptTooLong as exc:  # the task's own prompt: no retry can help
+            raise consumer.Reject(str(exc)) from None
         except EngineDead as exc:
             if self.fatal is None:
                 log.error("engine dead, stopping this worker (its tasks go back to the stream): %s", exc)

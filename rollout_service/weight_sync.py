@@ -6,9 +6,16 @@ decode steps, skipping versions that were superseded while it fetched. Generatio
 `lag` (newest announced - engine version) is what the staleness gate of the consumer reads.
 
 A LoRA version (manifest `kind: lora`) is applied only when its base is the model this worker serves
-(`served_base`, shared/adapters.py): otherwise it is refused, never retried, and `on_refused` reports
+(`served_base`, shared/model/adapters.py): otherwise it is refused, never retried, and `on_refused` reports
 it (the worker sends a `weights_refused` event); the engine then lags, and the staleness gate stops
 taking prompts.
+
+An announced version the weight store does not hold, or whose manifest does not hash to the digest
+the announcement carries (weight_store.verify; a forged announcement, a tampered store or shared
+filesystem), is refused the same way (`AnnouncementRefused` from `fetch`): logged, reported through
+`on_refused`, not retried until the key is written again, and the engine keeps its weights; `latest`
+falls back to the engine's version so the staleness gate keeps taking prompts. Other fetch failures
+(store unreachable, 5xx) are retried with exponential back-off (`retry_s` doubling up to `max_retry_s`).
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from rollout_service.engines.base import Engine
-from shared.adapters import BaseMismatch, BaseModel, check_base
-from shared.messages import WeightVersion
+from shared.contract.messages import WeightVersion
+from shared.model.adapters import BaseMismatch, BaseModel, check_base
 from weight_store.manifest import MANIFEST, kind
+from weight_store.verify import AnnouncementRefused
 
 log = logging.getLogger("jetrl.rollout.weights")
 
@@ -37,15 +45,14 @@ SwapFn = Callable[[int, float, float], Awaitable[None]]  # (version, fetch secon
 class WeightFollower:
     def __init__(self, engine: Engine, run: str, watch: WatchFn, fetch: FetchFn, latest: LatestFn | None = None,
                  retry_s: float = 1.0, served_base: Callable[[], BaseModel] | None = None,
-                 on_refused: RefusedFn | None = None, on_swap: SwapFn | None = None):
+                 on_refused: RefusedFn | None = None, on_swap: SwapFn | None = None, max_retry_s: float = 30.0):
         self.engine, self.run_id, self._watch, self._fetch, self._latest = engine, run, watch, fetch, latest
         self._served_base, self._on_refused = served_base, on_refused
         self.refused: dict[int, str] = {}  # version -> why it was refused (a wrong-base adapter)
         self.on_swap = on_swap  # told the fetch and swap seconds of every version swapped in
         self.latest = -1  # newest announced version seen (-1: none yet)
         self.swaps = 0
-        self.fetch_errors = 0
-        self.retry_s = retry_s
+        self.retry_s, self.max_retry_s = retry_s, max_retry_s
         self._changed = asyncio.Event()
         self._swapped = asyncio.Event()  # set (and replaced) at every swap
 
@@ -77,12 +84,12 @@ class WeightFollower:
         older policy it would be dropped as stale, every sample of it (measured: with the engine one
         version behind, most drops of a trainer-bound run). The controller saw v announced before it
         released the task, so v is fetched now, without waiting for the watch to deliver it."""
-        if self.engine.version >= released_at:
+        if self.engine.version >= released_at or released_at in self.refused:
             return
         if released_at > self.latest:
             self.latest = released_at
             self._changed.set()
-        while self.engine.version < released_at:
+        while self.engine.version < released_at and released_at not in self.refused:
             await self._swapped.wait()
 
     async def _watcher(self) -> None:
@@ -91,7 +98,8 @@ class WeightFollower:
             try:
                 async for wv in self._watch():
                     wait = self.retry_s
-                    if wv.version > self.latest:
+                    self.refused.pop(wv.version, None)  # a new write of the key: checked afresh
+                    if wv.version > self.latest or self.latest in self.refused:
                         self.latest = wv.version
                         self._changed.set()
             except asyncio.CancelledError:
@@ -103,6 +111,7 @@ class WeightFollower:
             wait = min(wait * 2, 10.0)
 
     async def _updater(self) -> None:
+        delay = self.retry_s
         while True:
             await self._changed.wait()
             self._changed.clear()
@@ -121,15 +130,30 @@ class WeightFollower:
                     self._swapped = asyncio.Event()
                     log.info("run %s: engine now on version %d (fetch %.3fs, swap %.3fs)", self.run_id, target,
                              t1 - t0, t2 - t1)
+                    delay = self.retry_s
                     if self.on_swap is not None:
                         await self.on_swap(target, t1 - t0, t2 - t1)
                 except asyncio.CancelledError:
                     raise
+                except AnnouncementRefused as exc:
+                    await self._refuse(target, f"{exc.code}: {exc.message}")
                 except Exception as exc:
-                    self.fetch_errors += 1
                     log.warning("run %s: could not load version %d (%s: %s); retrying in %.1fs", self.run_id,
-                                target, type(exc).__name__, exc, self.retry_s)
-                    await asyncio.sleep(self.retry_s)
+                                target, type(exc).__name__, exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.max_retry_s)
+
+    async def _refuse(self, version: int, why: str) -> None:
+        """Keep the current weights; stop counting `version` as announced (the staleness gate reads lag)."""
+        self.refused[version] = why
+        log.error("run %s: refusing announced version %d (%s); staying on version %d", self.run_id, version, why,
+                  self.engine.version)
+        if self.latest == version:
+            self.latest = self.engine.version
+        self._swapped.set()  # wakes wait_for_version: that version will not come
+        self._swapped = asyncio.Event()
+        if self._on_refused is not None:
+            await self._on_refused(version, why)
 
 
     async def _check(self, version: int, path: Path) -> bool:
@@ -152,9 +176,41 @@ class WeightFollower:
 
 
 def weight_store_source(cfg, js) -> tuple[WatchFn, FetchFn, LatestFn, Callable[[], Awaitable[None]]]:
-    """watch/fetch/latest/close backed by weight_store.announce and weight_store.client."""
+    """watch/fetch/latest/close backed by weight_store.announce and weight_store.client. `fetch` loads a
+    version only as announced: the store must hold it and its manifest must hash to the announcement's
+    digest (weight_store.verify), else AnnouncementRefused."""
     from weight_store.announce import latest, watch
     from weight_store.client import WeightStoreClient
 
     client = WeightStoreClient(cfg.weights)
-    return (lambda: watch(js, cfg.run)), client.fetch, (lambda: latest(js, cfg.run)), client.close
+    check = client.store_check(cfg.run)
+    announced: dict[int, WeightVersion] = {}  # the last write seen of each version, newest 64
+
+    def note(wv: WeightVersion | None) -> WeightVersion | None:
+        if wv is not None:
+            announced.pop(wv.version, None)
+            announced[wv.version] = wv
+            while len(announced) > 64:
+                announced.pop(next(iter(announced)))
+        return wv
+
+    async def watch_() -> AsyncIterator[WeightVersion]:
+        async for wv in watch(js, cfg.run):
+            yield note(wv)
+
+    async def latest_() -> WeightVersion | None:
+        return note(await latest(js, cfg.run))
+
+    async def fetch(run: str, version: int) -> Path:
+        wv = announced.get(version)
+        if wv is None:  # released at a version this worker has not seen announced yet
+            cur = await latest_()
+            wv = cur if cur is not None and cur.version == version else None
+        if wv is None:
+            raise AnnouncementRefused(version, "not_announced", f"version {version} is not announced")
+        why = await check.refusal(wv)
+        if why is not None:
+            raise AnnouncementRefused(version, "not_in_store", why)
+        return await client.fetch(run, version, expect_sha256=wv.sha256)
+
+    return watch_, fetch, latest_, client.close

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared import bus
 from shared.config import NatsConfig, StreamsConfig
-from shared.natsd import EmbeddedNats
+from shared.contract import bus
+from shared.runtime.natsd import EmbeddedNats
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
+from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
 
 
 def track_cmd(
@@ -24,7 +24,7 @@ def track_cmd(
     import signal
     from pathlib import Path
 
-    from shared.telemetry import setup_logging, start_metrics
+    from shared.runtime.telemetry import setup_logging, start_metrics
     from tracker.sink import TrackerSink
     from tracker.writers import WRITERS
 

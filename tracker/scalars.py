@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from shared.messages import ROLLOUT_STAGES, TRAINER_STAGES, Event, TrajectoryGroup
+from shared.contract.messages import ROLLOUT_STAGES, TRAINER_STAGES, Event, TrajectoryGroup
 
 # trainer "step" data key -> scalar name
 STEP_KEYS = {

@@ -12,9 +12,9 @@ import time
 from nats.js import api
 from prometheus_client import CollectorRegistry, Counter
 
-from shared import bus, codec, subjects
 from shared.config import JetrlConfig
-from shared.messages import Event, TrajectoryGroup
+from shared.contract import bus, codec, subjects
+from shared.contract.messages import Event, TrajectoryGroup
 from tracker.scalars import RolloutStats, WorkerGauges, event_scalars
 
 log = logging.getLogger("jetrl.track")

@@ -85,7 +85,6 @@ class TrackioWriter:
         if Path(utils.TRACKIO_DIR).resolve() != Path(dir).resolve():
             raise RuntimeError(f"trackio was imported before its directory was set (it writes to {utils.TRACKIO_DIR},"
                                f" not {dir}): run the trackio sink in its own process (`jetrl track`)")
-        self._trackio = trackio
         self._run = trackio.init(project=project, name=name or run, config=config or {}, embed=False,
                                  auto_log_gpu=False, auto_log_cpu=False)
         self.path = Path(dir)

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit
+from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit
 
 
 def torchrun_argv(nproc: int, config: str | None, resume: bool, overrides: list[str], nnodes: int = 1,

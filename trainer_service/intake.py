@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 from nats.js import api
 
-from shared import subjects
-from shared.bus import ConsumerLoop
 from shared.config import JetrlConfig
-from shared.messages import Sample, TrajectoryGroup
+from shared.contract import subjects
+from shared.contract.consumer import ConsumerLoop
+from shared.contract.messages import Sample, TrajectoryGroup
 from trainer_service.algorithms.staleness import is_fresh, rewards_all_equal, staleness, urgency_order
 
 log = logging.getLogger("jetrl.trainer.intake")

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from shared.logits_mask import allowed_vector, mask_logits
+from shared.model.logits_mask import allowed_vector, mask_logits
 from trainer_service.algorithms.losses import entropy_from_logits
 
 ENTROPY_MODES = ("none", "stat", "grad")
@@ -30,7 +30,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, entropy_grad: bo
     """(log p(target), entropy) per position from logits [T, V], computed in float32. The entropy is
     differentiable only with `entropy_grad` (an entropy bonus); otherwise it is a statistic.
     `allowed_token_ids` (rollout.sampling.allowed_token_ids): the softmax runs over those ids only, with
-    the engine's mask (shared/logits_mask.py)."""
+    the engine's mask (shared/model/logits_mask.py)."""
     logits = _allowed_only(logits.float(), allowed_token_ids)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     if entropy_grad:

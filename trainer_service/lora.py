@@ -1,5 +1,5 @@
 """LoRA on the trainer's policy with `peft`: wrap the HF model, take the adapter out of a state dict,
-write an adapter version (a PEFT adapter dir, shared/adapters.py) and describe it for the manifest."""
+write an adapter version (a PEFT adapter dir, shared/model/adapters.py) and describe it for the manifest."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from shared.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, base_fingerprint
 from shared.config import JetrlConfig, ModelConfig
 from shared.config.trainer import LoraConfig
+from shared.model.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, base_fingerprint
 
 
 def peft_config(lc: LoraConfig):

@@ -9,12 +9,12 @@ import argparse
 import os
 import sys
 
-from shared.parent_death import die_with_parent
+from shared.runtime.parent_death import die_with_parent
 
 
 def main(argv: list[str] | None = None) -> int:
     from shared.config import ConfigError, JetrlConfig, load_config
-    from shared.telemetry import setup_logging
+    from shared.runtime.telemetry import setup_logging
 
     p = argparse.ArgumentParser(prog="jetrl trainer")
     p.add_argument("-c", "--config", default=None)

@@ -1,4 +1,6 @@
-"""Prometheus metrics of the trainer (default registry, served by shared.telemetry.start_metrics)."""
+"""Prometheus metrics of the trainer (default registry, served by shared.runtime.telemetry.start_metrics),
+and what the service loop records in them after a step (`record_step`, `record_stages`) or a drop
+(`record_outcomes`)."""
 
 from __future__ import annotations
 
@@ -42,3 +44,37 @@ def memory_gb() -> dict[str, float]:
     # KiB on Linux; the kernel updates this high-water mark lazily, so it can trail the current RSS
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss)
     return {"rss_gb": round(rss / 1e9, 3), "peak_rss_gb": round(peak / 1e9, 3)}
+
+
+def record_stages(stages: dict[str, float], queue_wait: float) -> None:
+    """A step's stage seconds (trainer_service/timings.py) and its groups' mean queue wait."""
+    for k, v in stages.items():
+        STAGE_SECONDS.labels(k).observe(v)
+    QUEUE_WAIT.observe(queue_wait)
+
+
+def record_outcomes(dropped_stale: list, filtered: list, dropped_stale_samples: int) -> None:
+    """Groups dropped as stale or filtered, and the stale samples dropped."""
+    GROUPS.labels("dropped_stale").inc(len(dropped_stale))
+    GROUPS.labels("filtered").inc(len(filtered))
+    DROPPED_STALE_SAMPLES.inc(dropped_stale_samples)
+
+
+def record_step(stats: dict, batch, samples: int, reward_mean: float) -> None:
+    """The counters and gauges of one trained step: `stats` from the step, `batch` the intake's Batch it
+    trained, `samples` the items trained."""
+    GROUPS.labels("trained").inc(len(batch.groups))
+    record_outcomes(batch.dropped_stale, batch.filtered, batch.dropped_stale_samples)
+    SAMPLES.inc(samples)
+    TOKENS.inc(stats["tokens"])
+    for k, v in batch.staleness_hist.items():
+        for _ in range(v):
+            STALENESS.observe(k)
+    LOSS.set(stats["loss"])
+    REWARD.set(reward_mean)
+    TOKENS_PER_S.set(stats["tokens_per_s"])
+    STEP_TIME.set(stats["step_time_s"])
+    CLIP_FRAC.set(stats["clip_frac"])
+    BEHAV_WEIGHT.set(stats["behav_weight_mean"])
+    CAPPED_FRAC.set(stats["capped_frac"])
+    ADV_ABS.set(stats["adv_abs_mean"])

@@ -5,21 +5,25 @@ a WeightPublisher, which makes it version v and announces it in the weights KV (
   weight_store.client.WeightStoreClient.publish_version (upload + commit + announcement, idempotent per
   (instance, version)).
 - DirectoryPublisher: writes <publish_dir>/<run>/v<version>/ (config.json + model.safetensors +
-  tokenizer) and announces it with a file:// manifest url (single host, tests), through the same
-  weight_store.announce.announce.
+  tokenizer, and the store's manifest: weight_store.manifest.new_manifest, manifest_bytes) and announces
+  it with a file:// manifest url (single host, tests), through the same
+  weight_store.client.publish_and_announce as the store (idempotent per (instance, version)).
 Both write a Hugging Face model dir, so `from_pretrained` (and the rollout engines) load any version;
 the trainer writes it once (`stage_version`) and drops the state dict before the upload, so the
 snapshot of the weights does not stay in memory while the next step trains (trainer.publish_overlap)
 and a retried publish re-sends the same files;
 with `trainer.lora` they write a PEFT adapter dir instead (only the adapter's bytes travel) and mark
 the version `kind: lora` on the run's base model (trainer_service/lora.py, weight_store/manifest.py).
+Both check announcements against what they hold (weight_store.verify.StoreCheck): `latest()` is the
+KV's announcement only when the store holds it as announced (else `on_refused` is told and it is None),
+`newest_stored()` the store's own newest version, and an announcement newer than the one being
+published that the store does not hold is overwritten (`on_refused` told) instead of a VersionConflict.
 What to retry is the trainer's call (`retryable_publish_error`; Trainer._publish retries with back-off).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import shutil
@@ -29,11 +33,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shared.config import JetrlConfig
-from shared.linktree import link_tree
-from shared.messages import WeightVersion
-from weight_store.announce import VersionConflict, announce, latest
-from weight_store.client import VersionTakenError, WeightStoreClient, WeightStoreError
-from weight_store.manifest import MANIFEST, file_digests
+from shared.contract.messages import WeightVersion
+from shared.io.linktree import link_tree
+from weight_store.announce import VersionConflict, latest
+from weight_store.client import VersionTakenError, WeightStoreClient, WeightStoreError, publish_and_announce
+from weight_store.manifest import MANIFEST, file_digests, manifest_bytes, manifest_sha256, new_manifest
+from weight_store.verify import StoreCheck
 
 log = logging.getLogger("jetrl.trainer.publish")
 
@@ -44,8 +49,10 @@ __all__ = ["DirectoryPublisher", "StagedVersion", "StorePublisher", "VersionConf
 
 class WeightPublisher(Protocol):
     staging_root: Path | None  # where stage_version writes for this publisher (None: the system temp dir)
+    on_refused: Any  # async (WeightVersion, why) -> None: an announcement the store does not hold
 
     async def latest(self) -> WeightVersion | None: ...
+    async def newest_stored(self) -> int: ...
     async def publish(self, version: int, step: int, state: dict | StagedVersion, hf_config: Any, tokenizer: Any,
                       metadata: dict | None = None) -> WeightVersion: ...
     async def close(self) -> None: ...
@@ -106,7 +113,7 @@ def write_hf_dir(out: Path, state_dict: dict, hf_config: Any, tokenizer: Any, ti
               metadata={"format": "pt"})
     if tokenizer is not None:
         if tiny:
-            from shared.tinymodel import save_tokenizer
+            from shared.model.tinymodel import save_tokenizer
 
             save_tokenizer(tokenizer, out / "tokenizer")
         else:
@@ -133,47 +140,102 @@ def retryable_publish_error(exc: BaseException) -> bool:
 # --- publishers -------------------------------------------------------------------------------------
 
 
+async def _verified_latest(pub, check: StoreCheck) -> WeightVersion | None:
+    """The KV's announcement when the store holds it as announced; else None (and `pub.on_refused` told)."""
+    wv = await latest(pub.js, pub.cfg.run)
+    if wv is None:
+        return None
+    why = await check.refusal(wv)
+    if why is None:
+        return wv
+    log.error("run %s: ignoring the announced version %d: %s", pub.cfg.run, wv.version, why)
+    if pub.on_refused is not None:
+        await pub.on_refused(wv, why)
+    return None
+
+
+class _Directory:
+    """The `directory` publisher's dir as a version store, like WeightStoreClient: committed versions
+    (`commit`; `manifest`, `versions`, `manifest_url`) and their StoreCheck (`store_check`), for
+    weight_store.client.publish_and_announce."""
+
+    def __init__(self, root: Path, run: str):
+        self.root = root
+        self.check = StoreCheck(self, run)
+
+    def version_dir(self, version: int) -> Path:
+        return self.root / f"v{version:08d}"
+
+    async def manifest(self, run: str, version: int) -> dict:
+        p = self.version_dir(version) / MANIFEST
+        try:
+            return json.loads(p.read_bytes())
+        except FileNotFoundError:
+            raise WeightStoreError(404, "not_found", f"{p} does not exist") from None
+
+    async def versions(self, run: str) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        return sorted(int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit() and (p / MANIFEST).is_file())
+
+    def manifest_url(self, run: str, version: int) -> str:
+        return (self.version_dir(version) / MANIFEST).resolve().as_uri()
+
+    def store_check(self, run: str) -> StoreCheck:
+        return self.check
+
+    def commit(self, run: str, version: int, step: int, staged: StagedVersion, metadata: dict | None) -> WeightVersion:
+        """(Blocking.) `staged`'s files (hard-linked) and their manifest (weight_store.manifest.new_manifest)
+        as v<version>/, in one rename; WeightStoreError 409 `exists` when that dir is already there."""
+        final, tmp = self.version_dir(version), self.root / f".v{version:08d}.tmp"
+        if final.exists():
+            raise WeightStoreError(409, "exists", f"{final} is already committed")
+        shutil.rmtree(tmp, ignore_errors=True)
+        link_tree(staged.path, tmp)
+        files = [{"name": str(p.relative_to(tmp)), "size": p.stat().st_size, **file_digests(p)}  # sha256, xxh3_128
+                 for p in sorted(tmp.rglob("*")) if p.is_file()]
+        manifest = new_manifest(run, version, step, files, metadata=metadata, adapter=staged.adapter)
+        (tmp / MANIFEST).write_bytes(manifest_bytes(manifest))
+        try:
+            tmp.rename(final)  # refuses a non-empty existing target
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if final.exists():
+                raise WeightStoreError(409, "exists", f"{final} is already committed") from None
+            raise
+        return WeightVersion(run=run, version=version, step=step, files=files, sha256=manifest_sha256(manifest),
+                             manifest_url=self.manifest_url(run, version), created_at=manifest["created_at"])
+
+
 class DirectoryPublisher:
+    """Versions as <publish_dir>/<run>/v<version>/, committed (`_Directory.commit`) and announced through
+    weight_store.client.publish_and_announce, the store publisher's own path."""
+
     def __init__(self, cfg: JetrlConfig, js):
         self.cfg, self.js = cfg, js
         self.root = Path(cfg.trainer.publish_dir) / cfg.run
         self.staging_root = self.root  # staged files hard-link into the version dir (same filesystem)
+        self.dir = _Directory(self.root, cfg.run)
+        self.check = self.dir.check
+        self.on_refused = None
 
     async def latest(self) -> WeightVersion | None:
-        return await latest(self.js, self.cfg.run)
+        return await _verified_latest(self, self.check)
+
+    async def newest_stored(self) -> int:
+        return await self.check.newest()
 
     async def publish(self, version, step, state, hf_config, tokenizer, metadata=None) -> WeightVersion:
-        final = self.root / f"v{version:08d}"
-        tmp = self.root / f".v{version:08d}.tmp"
+        run = self.cfg.run
         staged, own = await _staged(self.cfg, state, hf_config, tokenizer, self.staging_root)
-
-        def write() -> list[dict]:
-            shutil.rmtree(tmp, ignore_errors=True)
-            link_tree(staged.path, tmp)
-            files = []
-            for p in sorted(tmp.rglob("*")):
-                if p.is_file():
-                    files.append({"name": str(p.relative_to(tmp)), "size": p.stat().st_size,
-                                  **file_digests(p)})  # sha256 and xxh3_128, one read
-            manifest = {"run": self.cfg.run, "version": version, "step": step, "files": files,
-                        "metadata": metadata or {}}
-            if staged.adapter is not None:
-                manifest.update(kind="lora", adapter=staged.adapter)
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            return files
-
         try:
-            files = await asyncio.to_thread(write)
+            return await publish_and_announce(
+                self.js, self.dir, run, version, step, metadata,
+                lambda: asyncio.to_thread(self.dir.commit, run, version, step, staged, metadata),
+                on_forged=self.on_refused)
         finally:
             if own:
                 staged.discard()
-        sha = hashlib.sha256((final / MANIFEST).read_bytes()).hexdigest()
-        wv = WeightVersion(run=self.cfg.run, version=version, step=step, files=files, sha256=sha,
-                           manifest_url=(final / MANIFEST).resolve().as_uri())
-        await announce(self.js, wv)
-        return wv
 
     async def close(self) -> None:
         return None
@@ -186,15 +248,20 @@ class StorePublisher:
         self.cfg, self.js = cfg, js
         self.client = WeightStoreClient(cfg.weights)
         self.staging_root: Path | None = None
+        self.on_refused = None
 
     async def latest(self) -> WeightVersion | None:
-        return await latest(self.js, self.cfg.run)
+        return await _verified_latest(self, self.client.store_check(self.cfg.run))
+
+    async def newest_stored(self) -> int:
+        return await self.client.store_check(self.cfg.run).newest()
 
     async def publish(self, version, step, state, hf_config, tokenizer, metadata=None) -> WeightVersion:
         staged, own = await _staged(self.cfg, state, hf_config, tokenizer, self.staging_root)
         try:
             return await self.client.publish_version(self.js, self.cfg.run, version, staged.path, step=step,
-                                                     metadata=metadata, adapter=staged.adapter)
+                                                     metadata=metadata, adapter=staged.adapter,
+                                                     on_forged=self.on_refused)
         finally:
             if own:
                 staged.discard()

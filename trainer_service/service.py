@@ -1,10 +1,12 @@
 """The trainer service: rank 0 drives, every rank executes.
 
 Rank 0 runs the asyncio service (NATS intake, batching, publishing, events); the other ranks wait in
-`follow()` for commands that rank 0 broadcasts (step / state_dict / stage / save / load / noop / stop), so
-every collective (FSDP all-gathers, DCP save) happens in the same order on all ranks. A step is:
-batch -> advantages -> train_step (all ranks) -> full state dict (all ranks) -> publish v+1 (rank 0; by
-default uploaded while the next step trains, `trainer.publish_overlap`) -> events -> checkpoint every
+`follow()` for the commands rank 0 runs (`Trainer.on_all_ranks(fn, **args)`: rank 0 broadcasts
+{"kind", **args} and calls `fn` itself; a follower looks the kind up in COMMANDS: step / state_dict /
+stage / save / load / noop / stop), so every collective (FSDP all-gathers, DCP save) happens in the same
+order on all ranks. A step (`Trainer._train`) is: batch -> advantages -> `train` (all ranks:
+backend.train_step) -> full state dict (all ranks) -> publish v+1 (rank 0; by default uploaded while the
+next step trains, `trainer.publish_overlap`) -> events and metrics (`_report_step`) -> checkpoint every
 `checkpoint_every` steps (all ranks). docs/trainer.md has the details.
 """
 
@@ -21,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from shared import bus
 from shared.config import JetrlConfig
-from shared.telemetry import start_metrics
+from shared.contract import bus
+from shared.runtime.telemetry import start_metrics
 from trainer_service import checkpoint, memory, metrics, timings
 from trainer_service.algorithms.advantages import group_advantages
 from trainer_service.intake import Batch, Intake, IntakeState
@@ -46,28 +48,60 @@ def norm_length(cfg: JetrlConfig) -> int:
     return cfg.trainer.algorithm.norm_length or cfg.rollout.sampling.max_new_tokens
 
 
+# --- commands: what every rank runs, in the same order (rank 0 broadcasts each, `Trainer.on_all_ranks`) ---
+
+
+def train(backend, cfg: JetrlConfig, items: list[TrainItem]) -> dict:
+    """The step on this rank: the backend's update (backends/base.py:TrainBackend.train_step, i.e.
+    trainer_service/step.py:train_step; sim's step-cost model), then with trainer.release_memory the
+    freed memory handed back. Returns the step's statistics."""
+    stats = backend.train_step(items, cfg.trainer, norm_length(cfg))
+    if cfg.trainer.release_memory:
+        memory.release_freed_memory()
+    return stats
+
+
+def state_dict(backend, cfg: JetrlConfig) -> dict | None:
+    """The full state dict (rank 0; None elsewhere)."""
+    return backend.full_state_dict()
+
+
+def stage(backend, cfg: JetrlConfig, parent: Path | None = None) -> StagedVersion | None:
+    """(trainer.publish_snapshot disk) the full state dict as a version's files, written on rank 0."""
+    return stage_snapshot(backend, cfg, backend.full_state_dict(), parent)
+
+
+def save(backend, cfg: JetrlConfig, path: str, extra: dict) -> None:
+    """A checkpoint at `path`; rank 0 then prunes the old ones (trainer.keep_checkpoints)."""
+    backend.save_checkpoint(path, extra)
+    if backend.rank == 0:
+        checkpoint.prune(cfg.trainer.checkpoint_dir, cfg.run, cfg.trainer.keep_checkpoints)
+
+
+def load(backend, cfg: JetrlConfig, path: str) -> dict:
+    """The checkpoint at `path`; returns its `extra`."""
+    return backend.load_checkpoint(path)
+
+
+def noop(backend, cfg: JetrlConfig) -> None:
+    """Nothing (rank 0 waits for data: the followers hear from it every NOOP_AFTER_S)."""
+
+
+def stop_following(backend, cfg: JetrlConfig) -> None:
+    """Nothing; a follower returns after it."""
+
+
+COMMANDS = {"step": train, "state_dict": state_dict, "stage": stage, "save": save, "load": load,
+            "noop": noop, "stop": stop_following}
+KIND = {fn: kind for kind, fn in COMMANDS.items()}
+
+
 def execute(backend, cmd: dict, cfg: JetrlConfig) -> Any:
-    """Run one driver command on this rank (every rank runs every command)."""
+    """Run a broadcast command, {"kind": name in COMMANDS, **its arguments}, on this rank."""
     kind = cmd["kind"]
-    if kind == "step":
-        stats = backend.train_step(cmd["items"], cfg.trainer, norm_length(cfg))
-        if cfg.trainer.release_memory:
-            memory.release_freed_memory()
-        return stats
-    if kind == "state_dict":
-        return backend.full_state_dict()
-    if kind == "stage":  # trainer.publish_snapshot disk: the version's files, written on rank 0
-        return stage_snapshot(backend, cfg, backend.full_state_dict(), cmd.get("parent"))
-    if kind == "save":
-        backend.save_checkpoint(cmd["path"], cmd["extra"])
-        if backend.rank == 0:
-            checkpoint.prune(cfg.trainer.checkpoint_dir, cfg.run, cfg.trainer.keep_checkpoints)
-        return None
-    if kind == "load":
-        return backend.load_checkpoint(cmd["path"])
-    if kind in ("noop", "stop"):
-        return None
-    raise ValueError(f"unknown trainer command {kind!r}")
+    if kind not in COMMANDS:
+        raise ValueError(f"unknown trainer command {kind!r}")
+    return COMMANDS[kind](backend, cfg, **{k: v for k, v in cmd.items() if k != "kind"})
 
 
 def stage_snapshot(backend, cfg: JetrlConfig, sd: dict | None, parent: Path | None) -> StagedVersion | None:
@@ -124,12 +158,13 @@ class Trainer:
         self._pending_publish: asyncio.Task | None = None  # trainer.publish_overlap's upload in flight
         self._store_s = 0.0  # seconds the last publish took to write, upload and announce
 
-    def _run(self, cmd: dict) -> Any:
-        self.backend.broadcast(cmd)
-        return execute(self.backend, cmd, self.cfg)
+    def _run(self, fn, args: dict) -> Any:
+        self.backend.broadcast({"kind": KIND[fn], **args})  # the followers run it too (follow -> execute)
+        return fn(self.backend, self.cfg, **args)
 
-    async def run_cmd(self, cmd: dict) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._worker, self._run, cmd)
+    async def on_all_ranks(self, fn, **args) -> Any:
+        """`fn(backend, cfg, **args)`, one of COMMANDS, here (on the backend's thread) and on every other rank."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, self._run, fn, args)
 
     def stop(self) -> None:
         self._stop.set()
@@ -137,7 +172,7 @@ class Trainer:
     async def stop_followers(self) -> None:
         if not self._stopped_followers:
             self._stopped_followers = True
-            await self.run_cmd({"kind": "stop"})
+            await self.on_all_ranks(stop_following)
 
     async def _publish(self, overlap: bool = False) -> None:
         """Store and announce the current weights as `self.version`; with `overlap`, in a background task
@@ -145,10 +180,10 @@ class Trainer:
         here, so the next step may train while it uploads."""
         await self._published()  # the previous version first: versions stay in order, one copy in flight
         if self.cfg.trainer.publish_snapshot == "disk":
-            staged = await self.run_cmd({"kind": "stage", "parent": self.publisher.staging_root})
+            staged = await self.on_all_ranks(stage, parent=self.publisher.staging_root)
             task = self._store(self.version, self.step, staged)
         else:
-            sd = await self.run_cmd({"kind": "state_dict"})
+            sd = await self.on_all_ranks(state_dict)
             task = self._store(self.version, self.step, [sd])
             del sd  # _store drops the snapshot once its files are written
         if overlap:
@@ -207,30 +242,53 @@ class Trainer:
         extra = {"version": self.version, "step": self.step, "intake_position": pos.position,
                  "finished_groups": pos.finished, "run": self.cfg.run, "time": time.time()}
         path = checkpoint.step_dir(self.cfg.trainer.checkpoint_dir, self.cfg.run, self.step)
-        await self.run_cmd({"kind": "save", "path": str(path), "extra": extra})
+        await self.on_all_ranks(save, path=str(path), extra=extra)
         self.last_checkpoint_step = self.step
         await self.events.emit("checkpoint", {"version": self.version, "step": self.step, "path": str(path),
                                               "intake_position": pos.position})
         log.info("checkpoint step %d version %d at %s (intake position %d)", self.step, self.version, path,
                  pos.position)
 
+    async def _announcement_refused(self, wv, why: str) -> None:
+        """An announcement in the KV that the store does not hold as announced (forged, or a store that
+        lost it): never numbered after, reported as a "weights_refused" event naming its version."""
+        await self.events.emit("weights_refused", {"version": wv.version, "step": wv.step, "error": why,
+                                                   "service": "trainer", "instance": self.instance})
+
+    async def _known_versions(self) -> tuple[int, int]:
+        """(the verified announced version, the store's newest version), -1 for none. The trainer numbers
+        after these, never after a KV value the store does not hold (issue 28: a forged `version=1000000`)."""
+        delay = PUBLISH_RETRY_S[0]
+        while True:
+            try:
+                latest = await self.publisher.latest()
+                return (latest.version if latest is not None else -1), await self.publisher.newest_stored()
+            except Exception as exc:
+                if not retryable_publish_error(exc) or self._stop.is_set():
+                    raise
+                log.warning("reading the announced and stored versions failed (%s: %s); retrying in %.1fs",
+                            type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, PUBLISH_RETRY_S[1])
+
     async def _start_state(self, resume: bool) -> IntakeState | None:
         t = self.cfg.trainer
-        latest = await self.publisher.latest()
-        announced = latest.version if latest is not None else -1
+        self.publisher.on_refused = self._announcement_refused
+        verified, stored = await self._known_versions()
+        announced = max(verified, stored)
         ck = checkpoint.latest_checkpoint(t.checkpoint_dir, self.cfg.run) if resume else None
         if ck is not None:
-            extra = await self.run_cmd({"kind": "load", "path": str(ck)})
+            extra = await self.on_all_ranks(load, path=str(ck))
             self.step = self.last_checkpoint_step = int(extra["step"])
             await self._resumed(int(extra["version"]), str(ck), announced, int(extra["intake_position"]))
             return IntakeState(position=int(extra["intake_position"]), finished=list(extra["finished_groups"]))
         if resume:
             log.warning("--resume: no checkpoint under %s; starting from the configured weights",
                         checkpoint.run_dir(t.checkpoint_dir, self.cfg.run))
-        if latest is not None:
+        if announced >= 0:
             if not resume:
                 raise RuntimeError(
-                    f"run {self.cfg.run!r} already has version {latest.version} announced: resume it with --resume "
+                    f"run {self.cfg.run!r} already has version {announced} announced (or held by the weight store): resume it with --resume "
                     f"(checkpoints under {checkpoint.run_dir(t.checkpoint_dir, self.cfg.run)}) or use a new run id"
                 )
             # Killed before its first checkpoint: begin again at step 0 from the configured weights and
@@ -263,7 +321,7 @@ class Trainer:
         t0 = time.perf_counter()
         items = batch_items(batch, self.cfg)
         t1 = time.perf_counter()
-        stats = await self.run_cmd({"kind": "step", "items": items})
+        stats = await self.on_all_ranks(train, items=items)
         self.step += 1
         metrics.STEPS.inc()
         t2 = time.perf_counter()
@@ -277,10 +335,18 @@ class Trainer:
             t2 - t1, stats.pop("timings", {}),
             {"wait": t_batch - self._t_mark - sum(carried.values()), "prepare": t1 - t0, "publish": t3 - t2},
             carried)
-        wall = t3 - self._t_mark
-        self._t_mark = t3
-        rewards = [it.reward for it in items]
-        reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
+        wall, self._t_mark = t3 - self._t_mark, t3
+        await self._report_step(batch, items, stats, stages, rollout, wall)
+        t4 = time.perf_counter()
+        if self.step % self.cfg.trainer.checkpoint_every == 0:
+            await self._checkpoint()
+        t5 = time.perf_counter()
+        self._carry = {"events": t4 - t3, "checkpoint": t5 - t4}  # charged to the next step
+
+    async def _report_step(self, batch: Batch, items: list[TrainItem], stats: dict, stages: dict, rollout: dict,
+                           wall: float) -> None:
+        """The step's events ("step"; "groups", acked), metrics and log line."""
+        reward_mean = sum(it.reward for it in items) / len(items) if items else 0.0
         trained = [g.group_id for g in batch.groups]
         data = {"version": self.version, "step": self.step, "loss": stats["loss"], "reward_mean": reward_mean,
                 "samples": len(items), "groups": len(trained), "dropped_stale_samples": batch.dropped_stale_samples,
@@ -288,40 +354,17 @@ class Trainer:
                 "wall_s": wall, "timings": stages, "rollout_timings": rollout,
                 "publish_store_s": self._store_s,  # the last finished write + upload (overlapped or not)
                 **metrics.memory_gb()}
-        for k, v in stages.items():
-            metrics.STAGE_SECONDS.labels(k).observe(v)
-        metrics.QUEUE_WAIT.observe(rollout["queue_wait"])
+        metrics.record_stages(stages, rollout["queue_wait"])
         await self.events.emit("step", data)
         # Acked (retried through a NATS outage): the controller's ledger learns the outcomes only from
-        # this event, and the checkpoint below must not move past outcomes nobody heard of.
+        # this event, and the checkpoint after the step must not move past outcomes nobody heard of.
         await self.events.emit_acked("groups", {"version": self.version, "step": self.step, "trained": trained,
                                                 "dropped_stale": batch.dropped_stale, "filtered": batch.filtered},
                                      stop=self._stop)
-        metrics.GROUPS.labels("trained").inc(len(trained))
-        metrics.GROUPS.labels("dropped_stale").inc(len(batch.dropped_stale))
-        metrics.GROUPS.labels("filtered").inc(len(batch.filtered))
-        metrics.DROPPED_STALE_SAMPLES.inc(batch.dropped_stale_samples)
-        metrics.SAMPLES.inc(len(items))
-        metrics.TOKENS.inc(stats["tokens"])
-        for k, v in batch.staleness_hist.items():
-            for _ in range(v):
-                metrics.STALENESS.observe(k)
-        metrics.LOSS.set(stats["loss"])
-        metrics.REWARD.set(reward_mean)
-        metrics.TOKENS_PER_S.set(stats["tokens_per_s"])
-        metrics.STEP_TIME.set(stats["step_time_s"])
-        metrics.CLIP_FRAC.set(stats["clip_frac"])
-        metrics.BEHAV_WEIGHT.set(stats["behav_weight_mean"])
-        metrics.CAPPED_FRAC.set(stats["capped_frac"])
-        metrics.ADV_ABS.set(stats["adv_abs_mean"])
+        metrics.record_step(stats, batch, len(items), reward_mean)
         log.info("step %d version %d loss %.4f reward %.3f samples %d dropped_stale %d tokens/s %.0f", self.step,
                  self.version, stats["loss"], reward_mean, len(items), batch.dropped_stale_samples,
                  stats["tokens_per_s"])
-        t4 = time.perf_counter()
-        if self.step % self.cfg.trainer.checkpoint_every == 0:
-            await self._checkpoint()
-        t5 = time.perf_counter()
-        self._carry = {"events": t4 - t3, "checkpoint": t5 - t4}  # charged to the next step
 
     async def _report_outcomes(self) -> None:
         """Report groups dropped or filtered while no batch formed (the controller's ledger waits on them)."""
@@ -332,9 +375,7 @@ class Trainer:
                                                 "dropped_stale": out.dropped_stale, "filtered": out.filtered,
                                                 "dropped_stale_samples": out.dropped_stale_samples},
                                      stop=self._stop)
-        metrics.GROUPS.labels("dropped_stale").inc(len(out.dropped_stale))
-        metrics.GROUPS.labels("filtered").inc(len(out.filtered))
-        metrics.DROPPED_STALE_SAMPLES.inc(out.dropped_stale_samples)
+        metrics.record_outcomes(out.dropped_stale, out.filtered, out.dropped_stale_samples)
 
     def _done(self) -> bool:
         # Steps, not versions: after a resume from an older checkpoint the versions jump past the lost
@@ -371,7 +412,7 @@ class Trainer:
                     break
                 batch = get.result()
                 if batch is None:
-                    await self.run_cmd({"kind": "noop"})
+                    await self.on_all_ranks(noop)
                     await self._report_outcomes()
                     continue
                 await self._train(batch, time.perf_counter())

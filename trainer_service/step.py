@@ -2,8 +2,8 @@
 logprobs, packed micro-batches, the policy loss (trainer.algorithm.objective), gradient accumulation,
 grad-norm clipping, LR schedule. Statistics come back summed over ranks.
 
-A backend (backends/base.py) supplies the forward pass, the optimizer and the collectives; this module
-holds the order of operations only.
+A backend (backends/base.py:TrainBackend, whose `train_step` calls this module's) supplies the forward
+pass, the optimizer and the collectives; this module holds the order of operations only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import torch
 
 from shared.config import TrainerConfig
 from trainer_service.algorithms.losses import kl_k3, policy_terms, token_coefficients
-from trainer_service.backends.base import TrainBackend
 from trainer_service.packing import (
     PackedBatch,
     TrainItem,
@@ -108,8 +107,9 @@ class StageClock:
         self._stage, self._t = stage, now
 
 
-def train_step(backend: TrainBackend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int = 64) -> dict:
-    """Update the policy on the whole batch `items` (identical on every rank): `ppo_minibatches` optimizer
+def train_step(backend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int = 64) -> dict:
+    """Update the policy of `backend` (a backends.base.TrainBackend; not imported here, which imports
+    this module) on the whole batch `items` (identical on every rank): `ppo_minibatches` optimizer
     steps, one per minibatch. Returns stats (summed over ranks, then normalised) for events and metrics.
 
     Proximal logprobs (decoupled PPO's pi_prox) are the policy before the first minibatch. With one

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shared.messages import ROLLOUT_STAGES
+from shared.contract.messages import ROLLOUT_STAGES
 
 
 def step_stages(train_s: float, inner: Mapping[str, float], marks: Mapping[str, float],

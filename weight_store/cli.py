@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from shared.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
+from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, run_async
 
 weights_app = typer.Typer(help="The weight store: versioned model weights over HTTP and a shared filesystem.",
                           no_args_is_help=True)
@@ -15,9 +15,9 @@ weights_app = typer.Typer(help="The weight store: versioned model weights over H
 @weights_app.command("serve")
 def serve_cmd(config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
     """Serve `weights.root` over HTTP on weights.host:weights.port until Ctrl-C / SIGTERM."""
-    from shared.auth import AuthConfigError
-    from shared.credentials import SecretFileError
-    from shared.telemetry import setup_logging
+    from shared.runtime.auth import AuthConfigError
+    from shared.runtime.credentials import SecretFileError
+    from shared.runtime.telemetry import setup_logging
     from weight_store.server import serve
 
     cfg = load_or_exit(config, overrides)
@@ -74,7 +74,7 @@ def export_cmd(version: int = typer.Argument(..., help="Version of the config's 
                config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
     """Write one version to a directory: a full model as is; a LoRA adapter as its PEFT dir, or with
     --merge merged into the run's base model (a plain HF model dir for deployment)."""
-    from shared.adapters import BaseMismatch
+    from shared.model.adapters import BaseMismatch
     from weight_store.client import WeightStoreError
     from weight_store.export import export_version
 

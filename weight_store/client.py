@@ -7,7 +7,9 @@
 
 `publish_version` is a version's whole way out: upload + commit (`publish`) + announcement in the
 weights KV with compare-and-set (weight_store.announce), idempotent per (instance, version) so a
-retry after a lost reply finishes instead of failing. `publish` streams safetensors shards (at most
+retry after a lost reply finishes instead of failing. It goes through `publish_and_announce`, the one
+commit-then-announce path of every publisher (the trainer's `directory` publisher commits into its own
+dir and takes the same path). `publish` streams safetensors shards (at most
 `shard_size_mb` of tensor data each) from tensor memory or a dir's files, `parallel_transfers` at a
 time, then commits the version (no announcement). `fetch` uses the store's own files
 in place when `root` is mounted here (`shared_fs`), else downloads into `cache_dir` with resume and
@@ -23,14 +25,15 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import quote
 
 import torch
 
 from shared.config import WeightStoreConfig
-from shared.messages import WeightVersion
+from shared.contract.messages import WeightVersion
 from weight_store import shards as sh
 from weight_store import transfer
 from weight_store.announce import VersionConflict, announce, latest
@@ -44,16 +47,69 @@ from weight_store.manifest import (
 )
 from weight_store.storage import check_file_name, check_run, check_version
 from weight_store.transfer import DigestMismatch, TransferError, WeightStoreError
+from weight_store.verify import AnnouncementRefused, StoreCheck, manifest_refusal
 
 log = logging.getLogger("jetrl.weights.client")
 
-__all__ = ["DigestMismatch", "TransferError", "VersionConflict", "VersionTakenError", "WeightStoreClient",
-           "WeightStoreError", "load_state_dict"]
+__all__ = ["AnnouncementRefused", "DigestMismatch", "TransferError", "VersionConflict", "VersionStore",
+           "VersionTakenError", "WeightStoreClient", "WeightStoreError", "load_state_dict", "publish_and_announce"]
 
 
 class VersionTakenError(RuntimeError):
     """The weight store already holds this version from another publisher instance that never announced
     it (it died between commit and announcement): skip the number, the store's versions are immutable."""
+
+
+class VersionStore(Protocol):
+    """Where a publisher commits versions, as `publish_and_announce` reads it: WeightStoreClient, or the
+    trainer's directory publisher's dir (trainer_service/publish.py)."""
+
+    async def manifest(self, run: str, version: int) -> dict:
+        """The committed manifest (WeightStoreError 404 when the version is absent)."""
+
+    def manifest_url(self, run: str, version: int) -> str: ...
+    def store_check(self, run: str) -> StoreCheck: ...
+
+
+async def publish_and_announce(js, store: VersionStore, run: str, version: int, step: int, metadata: dict | None,
+                               commit: Callable[[], Awaitable[WeightVersion]], on_forged=None) -> WeightVersion:
+    """The one way a version goes out, whatever the store: `commit()` (the store's upload + commit; it
+    raises WeightStoreError 409 `exists` when the store already holds the version), then `announce` in
+    the weights KV (compare-and-set; an announcement the store does not hold as announced is overwritten
+    and `on_forged` told).
+
+    Idempotent per (instance, version), the instance being named in `metadata` (same step and metadata =
+    the same publish): a retry whose commit or announcement went through and only the reply was lost
+    finishes. Raises VersionConflict when this version or a newer one is already announced (another
+    publisher is ahead), VersionTakenError when another publisher committed this version but never
+    announced it (skip the number)."""
+    try:
+        wv = await commit()
+    except WeightStoreError as exc:
+        if exc.status != 409 or exc.code != "exists":
+            raise
+        wv = await _committed_before(js, store, run, version, step, metadata or {})
+    await announce(js, wv, refusal=store.store_check(run).refusal, on_forged=on_forged)
+    return wv
+
+
+async def _committed_before(js, store: VersionStore, run: str, version: int, step: int,
+                            metadata: dict) -> WeightVersion:
+    """The store already has `version`. Committed by an earlier attempt of this very publish (the
+    commit's reply was lost): use it. Committed by another publisher instance: if that version (or a
+    newer one) is announced, another publisher is ahead (VersionConflict); if not, it died between
+    commit and announcement (VersionTakenError: skip the number)."""
+    m = await store.manifest(run, version)
+    if m.get("step") != step or m.get("metadata") != metadata:
+        announced = await latest(js, run)
+        if announced is not None and announced.version >= version and \
+                await store.store_check(run).refusal(announced) is None:
+            raise VersionConflict(run, version, announced.version)
+        raise VersionTakenError(
+            f"run {run!r}: version {version} is already in the weight store from another trainer "
+            f"instance (step {m.get('step')}, metadata {m.get('metadata')}), but was never announced")
+    return WeightVersion(run=run, version=version, step=step, manifest_url=store.manifest_url(run, version),
+                         files=m["files"], sha256=manifest_sha256(m), created_at=m["created_at"])
 
 
 class WeightStoreClient:
@@ -63,6 +119,7 @@ class WeightStoreClient:
         self.chunk = cfg.chunk_mb << 20
         self._sem = asyncio.Semaphore(cfg.parallel_transfers)
         self._fetching: dict[tuple[str, int], asyncio.Lock] = {}
+        self._checks: dict[str, StoreCheck] = {}
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else Path(tempfile.gettempdir()) / "jetrl-weights-cache"
 
     # --- small requests ---------------------------------------------------------------------------
@@ -181,57 +238,41 @@ class WeightStoreClient:
                               state_dict_or_dir: Mapping[str, torch.Tensor] | str | os.PathLike, step: int = 0,
                               metadata: dict | None = None,
                               files: Mapping[str, str | os.PathLike | bytes] | None = None,
-                              adapter: dict | None = None) -> WeightVersion:
+                              adapter: dict | None = None, on_forged=None) -> WeightVersion:
         """Upload + commit (`publish`) + announce in the weights KV (compare-and-set): the one call that
-        makes a version visible to the rollout workers.
+        makes a version visible to the rollout workers (`publish_and_announce` on this store: idempotent
+        per (instance, version); VersionConflict, VersionTakenError)."""
+        return await publish_and_announce(
+            js, self, run, version, step, metadata,
+            lambda: self.publish(run, version, state_dict_or_dir, step=step, metadata=metadata, files=files,
+                                 adapter=adapter),
+            on_forged=on_forged)
 
-        Idempotent per (instance, version), the instance being named in `metadata` (same step and
-        metadata = the same publish): a retry whose commit or announcement went through and only the
-        reply was lost finishes. Raises VersionConflict when this version or a newer one is already
-        announced (another publisher is ahead), VersionTakenError when another publisher committed this
-        version but never announced it (skip the number)."""
-        try:
-            wv = await self.publish(run, version, state_dict_or_dir, step=step, metadata=metadata, files=files,
-                                    adapter=adapter)
-        except WeightStoreError as exc:
-            if exc.status != 409 or exc.code != "exists":
-                raise
-            wv = await self._committed_before(js, run, version, step, metadata or {})
-        await announce(js, wv)
-        return wv
-
-    async def _committed_before(self, js, run: str, version: int, step: int, metadata: dict) -> WeightVersion:
-        """The store already has `version`. Committed by an earlier attempt of this very publish (the
-        commit's reply was lost): use it. Committed by another publisher instance: if that version (or a
-        newer one) is announced, another publisher is ahead (VersionConflict); if not, it died between
-        commit and announcement (VersionTakenError: skip the number)."""
-        m = await self.manifest(run, version)
-        if m.get("step") != step or m.get("metadata") != metadata:
-            announced = await latest(js, run)
-            if announced is not None and announced.version >= version:
-                raise VersionConflict(run, version, announced.version)
-            raise VersionTakenError(
-                f"run {run!r}: version {version} is already in the weight store from another trainer "
-                f"instance (step {m.get('step')}, metadata {m.get('metadata')}), but was never announced")
-        return WeightVersion(run=run, version=version, step=step, manifest_url=self.manifest_url(run, version),
-                             files=m["files"], sha256=manifest_sha256(m), created_at=m["created_at"])
+    def store_check(self, run: str) -> StoreCheck:
+        """This run's weight_store.verify.StoreCheck (manifests cached): is an announcement the store's?"""
+        return self._checks.setdefault(run, StoreCheck(self, run))
 
     # --- fetch ------------------------------------------------------------------------------------
 
-    async def fetch(self, run: str, version: int) -> Path:
+    async def fetch(self, run: str, version: int, expect_sha256: str | None = None) -> Path:
         """A local dir holding the version's files: the store's own dir when mounted here, else a
-        verified download in `cache_dir` (a partial download is resumed)."""
+        verified download in `cache_dir` (a partial download is resumed). `expect_sha256`: the manifest
+        digest the announcement carries (WeightVersion.sha256); the manifest read (HTTP or shared FS)
+        must hash to it, else AnnouncementRefused (code `manifest_mismatch`) and nothing is returned."""
         run, version = check_run(run), check_version(version)
         local = self._shared_dir(run, version)
         if local is not None:
-            await asyncio.to_thread(_check_files, local, json.loads((local / MANIFEST).read_bytes()),
+            manifest = json.loads((local / MANIFEST).read_bytes())
+            _expect(run, version, manifest, expect_sha256)
+            await asyncio.to_thread(_check_files, local, manifest,
                                     self.cfg.digest if self.cfg.verify_shared_sha256 else None, self.chunk)
             return local
         async with self._fetching.setdefault((run, version), asyncio.Lock()):  # one download per version
-            return await self._download(run, version)
+            return await self._download(run, version, expect_sha256)
 
-    async def _download(self, run: str, version: int) -> Path:
+    async def _download(self, run: str, version: int, expect_sha256: str | None = None) -> Path:
         manifest = await self.manifest(run, version)
+        _expect(run, version, manifest, expect_sha256)
         dest = self.cache / run / str(version)
         if (dest / MANIFEST).is_file():
             try:
@@ -283,6 +324,14 @@ class WeightStoreClient:
 
 def _bytes_buffers(data: bytes) -> transfer.Buffers:
     return lambda: [memoryview(data)]
+
+
+def _expect(run: str, version: int, manifest: dict, sha256: str | None) -> None:
+    if sha256 is None:
+        return
+    why = manifest_refusal(WeightVersion(run=run, version=version, sha256=sha256), manifest)
+    if why is not None:
+        raise AnnouncementRefused(version, "manifest_mismatch", why)
 
 
 def _check_files(d: Path, manifest: dict, digest: str | None, chunk: int) -> None:

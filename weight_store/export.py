@@ -24,8 +24,8 @@ def _copy(src: Path, out: Path) -> None:
 
 def merge_adapter_dir(cfg: JetrlConfig, adapter_dir: Path, out: Path) -> None:
     """Base model (`cfg.model`) + the adapter in `adapter_dir`, saved as a HF model dir in `out`."""
-    from shared.adapters import check_version_base, merge_into
-    from shared.tinymodel import load_policy, save_tokenizer
+    from shared.model.adapters import check_version_base, merge_into
+    from shared.model.tinymodel import load_policy, save_tokenizer
 
     check_version_base(adapter_dir, cfg.model)
     model, tokenizer = load_policy(cfg.model, "cpu")

@@ -2,7 +2,8 @@
 eval (a client-side module: no server code, importable by any service).
 
 A committed version is the directory `<weights.root>/<run>/<version>/` holding its files and
-`manifest.json` (written last, by the store, at commit):
+`manifest.json` (written last, by the store, at commit; the trainer's `directory` publisher writes the
+same manifest into its own dirs), built by `new_manifest`, the one writer of its fields:
 
     {"format": 1, "run": "demo", "version": 4, "step": 4, "dtype": "float32", "created_at": 1.7e9,
      "files": [{"name": "model.safetensors", "size": 123, "sha256": "<hex>", "xxh3_128": "<hex>"}, ...],
@@ -20,7 +21,7 @@ A LoRA version (a PEFT adapter dir: adapter_config.json + adapter_model.safetens
                                 "alpha": 16.0, "target_modules": ["q_proj", "v_proj"], "modules_to_save": []}
 
 (`check_adapter` validates it; a manifest without `kind` is a full model, kind `full`). A worker applies
-an adapter only on the base whose sha256 it names (shared/adapters.py, base_fingerprint).
+an adapter only on the base whose sha256 it names (shared/model/adapters.py, base_fingerprint).
 
 Its bytes are `manifest_bytes(manifest)` (JSON, indent 1, sorted keys), and `WeightVersion.sha256` is
 `manifest_sha256(manifest)`, the sha256 of those bytes (the server's `manifest_sha256` and the `ETag`
@@ -34,6 +35,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import xxhash
@@ -109,6 +111,18 @@ def check_adapter(adapter: object) -> dict:
     if not adapter["target_modules"]:
         raise ValueError("adapter.target_modules must name at least one module")
     return adapter
+
+
+def new_manifest(run: str, version: int, step: int, files: list[dict], dtype: str = "",
+                 metadata: dict | None = None, adapter: dict | None = None) -> dict:
+    """A version's manifest (the fields above; `created_at` now): `files` as {name, size, sha256,
+    xxh3_128}, `adapter` (already checked, `check_adapter`) making it a LoRA version."""
+    manifest = {"format": MANIFEST_FORMAT, "run": run, "version": version, "step": step, "dtype": dtype,
+                "created_at": time.time(), "files": files, "metadata": metadata or {}}
+    if adapter is not None:
+        manifest["kind"] = "lora"
+        manifest["adapter"] = adapter
+    return manifest
 
 
 def manifest_bytes(manifest: dict) -> bytes:

@@ -8,7 +8,7 @@
 A version becomes visible in one atomic `rename` of its complete staging dir (manifest last), so a
 reader listing `<root>/<run>/` never sees a partial version, and a crash at any moment leaves at most
 staging or trash leftovers, removed by `clean_leftovers()` at start-up. Run ids follow
-shared.subjects.check_run_id (`[A-Za-z0-9_-]`), so they never collide with the dot-dirs.
+shared.contract.subjects.check_run_id (`[A-Za-z0-9_-]`), so they never collide with the dot-dirs.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.subjects import check_run_id
-from weight_store.manifest import MANIFEST, MANIFEST_FORMAT, manifest_bytes
+from shared.contract.subjects import check_run_id
+from weight_store.manifest import MANIFEST, manifest_bytes, new_manifest
 
 # Always fullmatch: with re.match, `$` also matches before a trailing newline ("1\n" would pass).
 _FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -281,19 +281,8 @@ class Storage:
                 if "/".join(parts[:i]) in names:
                     raise StoreError(400, "name_conflict", f"files {'/'.join(parts[:i])!r} and {name!r} conflict: "
                                                            "one would be the directory of the other")
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "run": run,
-            "version": version,
-            "step": step,
-            "dtype": dtype,
-            "created_at": time.time(),
-            "files": [FileRecord.of(records[n]).as_dict() for n in sorted(names)],
-            "metadata": metadata or {},
-        }
-        if adapter is not None:  # a LoRA version (weight_store/manifest.py)
-            manifest["kind"] = "lora"
-            manifest["adapter"] = adapter
+        manifest = new_manifest(run, version, step, [FileRecord.of(records[n]).as_dict() for n in sorted(names)],
+                                dtype=dtype, metadata=metadata, adapter=adapter)
         raw = manifest_bytes(manifest)
         stage = self.staging_dir(run, version)
         for n in sorted(names):

@@ -1,7 +1,7 @@
 """Blocking HTTP/1.1 transfers for the weight client: big buffers straight between socket and file.
 
-Generic HTTP clients read a body in 64 KiB pieces through a parser (~130-300 MB/s here, see
-shared/notes/measured.md); this module sends the request itself and then moves the body with
+Generic HTTP clients read a body in 64 KiB pieces through a parser (~130-300 MB/s here, 5-12x slower
+than `cp`: docs/weight_store.md); this module sends the request itself and then moves the body with
 `recv_into` / `sendall` on 8 MiB buffers (the digests on the same buffers), so the copy runs near memory
 speed. Only Content-Length bodies (what the weight store sends) are supported. The async client runs
 these functions in threads (hashing and socket I/O release the GIL, so parallel files overlap).

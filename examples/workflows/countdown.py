@@ -9,9 +9,8 @@ import asyncio
 import re
 from collections import Counter
 
-from rollout_service.tools import ToolError
-from rollout_service.tools.calculator import evaluate
-from rollout_service.workflows import Trace, Workflow
+from jetrl_api import ToolError, Trace, Workflow
+from rollout_service.tools.calculator import evaluate  # a built-in tool's evaluator, used as a plain function
 
 
 def countdown_reward(expr: str, numbers: list[int], target: int) -> float:

@@ -10,11 +10,12 @@ a subprocess) or `process` (CPU-heavy: a killable process pool).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any
+
+from shared.runtime.refs import load_ref
 
 ScorerFn = Callable[[str, Any, dict], Any]
 
@@ -79,18 +80,7 @@ def load_scorer(ref: str) -> ScorerFn:
         return fn
     if ref in BUILTIN:
         ref = BUILTIN[ref]
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise ScorerError(f"scorer {ref!r} is not an import path of the form 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ScorerError(f"scorer {ref!r}: cannot import module {module_name!r} ({exc})") from None
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ScorerError(f"scorer {ref!r}: module {module_name!r} has no attribute {attr!r}")
+    obj = load_ref(ref, error=ScorerError)
     if not callable(obj):
         raise ScorerError(f"scorer {ref!r} is a {type(obj).__name__}, not a callable")
     _CACHE[ref] = obj

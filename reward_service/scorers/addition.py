@@ -1,4 +1,4 @@
-"""The addition task (launcher/addition_task.py): reward 1.0 when the first integer in the completion
+"""The addition task (examples/addition/data.py): reward 1.0 when the first integer in the completion
 (regex `-?\\d+`) equals the reference sum, else 0.0. "12", " 12.", "The answer is 12" score 1 for 12;
 "1 + 11 = 12" scores 0 (its first integer is 1)."""
 

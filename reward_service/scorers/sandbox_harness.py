@@ -1,12 +1,21 @@
-"""Runs inside the code sandbox (python -I -S -B sandbox_harness.py): not imported by the service.
+"""Runs inside the code sandbox (python -I -S -B sandbox_harness.py MODE): not imported by the service.
 
-Reads the nonce from stdin, the program from solution.py and the tests from tests.json in its
-working dir, installs an audit hook that refuses process creation, network, ctypes and file access
-outside the working dir (the Python stdlib stays readable), then runs every test and appends one
-line `<nonce> <json>` per test to result.jsonl. The audit hook guards against accidents and naive
-escapes; it is not a security boundary against adversarial code (docs/reward.md, "Code sandbox").
+It decides nothing: the host (reward_service/scorers/code.py, code_assert.py) holds the expected values
+and makes every comparison. Two modes:
+- `io`: runs solution.py (copied into the work dir by bwrap) once with the real stdin/stdout; the host
+  feeds the input and reads the output itself.
+- `asserts`: a request/reply loop. Requests arrive one JSON line at a time on the original stdin;
+  `load` runs the program's source, `exec` a setup statement, `eval` one expression of an assert that
+  touches program state (a "leaf"), answered as plain data (None/bool/int/float/str/bytes/list/tuple/
+  dict/set, tagged). Replies go out as `<seq> <json>` on a copy of the original stdout; the program's own
+  fd 0 is /dev/null, its fd 1 is the stderr pipe, and sys.stdout a capped buffer. The program can reach
+  all of this (same interpreter): whatever it writes is at most a value for a leaf it was asked for,
+  which is what its functions return anyway.
+The audit hook (refusing process creation, network, ctypes and file access outside the working dir) is a
+second layer that guards against accidents and naive escapes, not a boundary (docs/reward.md).
 """
 
+import base64
 import errno
 import io
 import json
@@ -26,6 +35,9 @@ PATH_EVENTS = {"os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os
                "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile"}
 LIST_EVENTS = {"os.listdir", "os.scandir"}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+ITERABLES = ("generator", "map", "filter", "zip", "enumerate", "reversed", "range", "dict_keys", "dict_values",
+             "dict_items", "list_iterator", "tuple_iterator")
+MAX_ITEMS = 100_000
 violations = []
 
 
@@ -45,6 +57,10 @@ def _inside(path, roots):
 
 def _refuse(what):
     violations.append(f"{what} is not allowed")
+    try:  # said at once: the program may catch the exception
+        os.write(2, f"jetrl-violation: {what} is not allowed\n".encode(errors="replace"))
+    except OSError:
+        pass
     raise SandboxViolation(f"sandbox: {what} is not allowed")
 
 
@@ -70,7 +86,7 @@ def audit(event, args):
 
 
 class CappedText(io.StringIO):
-    """stdout of one test, refusing to grow past `cap` characters."""
+    """stdout of one request, refusing to grow past `cap` characters."""
 
     def __init__(self, cap):
         super().__init__()
@@ -83,58 +99,118 @@ class CappedText(io.StringIO):
         return super().write(s)
 
 
-def main():
-    nonce = sys.stdin.readline().strip()
+def encode(v, depth=0, count=None):
+    """A value as tagged plain data (the host decodes it strictly; a refusal here fails the test)."""
+    count = count if count is not None else [0]
+    count[0] += 1
+    if depth > 50 or count[0] > MAX_ITEMS:
+        raise ValueError("value too large or too deep to return to the scorer")
+    if v is None:
+        return ["N"]
+    if v is True or v is False:
+        return ["B", v]
+    if isinstance(v, int):
+        return ["I", str(int(v))]
+    if isinstance(v, float):
+        return ["F", repr(float(v))]
+    if isinstance(v, str):
+        return ["S", str.__str__(v)]
+    if isinstance(v, (bytes, bytearray)):
+        return ["Y", base64.b64encode(bytes(v)).decode()]
+    if isinstance(v, tuple):
+        return ["T", [encode(x, depth + 1, count) for x in tuple.__iter__(v)]]
+    if isinstance(v, dict):
+        return ["D", [[encode(k, depth + 1, count), encode(x, depth + 1, count)] for k, x in dict.items(v)]]
+    if isinstance(v, frozenset):
+        return ["Z", [encode(x, depth + 1, count) for x in v]]
+    if isinstance(v, set):
+        return ["E", [encode(x, depth + 1, count) for x in v]]
+    if isinstance(v, list) or type(v).__name__ in ITERABLES:
+        items = []
+        for x in v:
+            items.append(encode(x, depth + 1, count))
+        return ["L", items]
+    raise TypeError(f"a {type(v).__name__} is not plain data the scorer can compare (None, bool, int, float, "
+                    "str, bytes, list, tuple, dict, set)")
+
+
+def _error(exc):
+    if isinstance(exc, MemoryError):
+        violations.append("memory limit reached (MemoryError)")
+    elif isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        violations.append("output over the file size limit")
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()[:500]
+
+
+def serve(cap):
+    requests = os.fdopen(os.dup(0), "rb")
+    replies = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(2, 1)  # the program's own writes to fd 1 go to the (capped) stderr pipe, not to the replies
+    sys.stdin = io.StringIO("")
+    real_stdout = sys.stdout
+    shared = {"__name__": "__main__"}
+    hooked = False
+    for line in requests:
+        try:
+            req = json.loads(line)
+            seq, op, src = req["seq"], req["op"], req["src"]
+        except (ValueError, KeyError, TypeError):
+            return
+        reply = {}
+        sys.stdout = CappedText(cap)
+        try:
+            if op == "load":
+                code = compile(src, "solution.py", "exec")
+                if not hooked:
+                    sys.addaudithook(audit)
+                    hooked = True
+                exec(code, shared)
+                reply["v"] = ["N"]
+            elif op == "exec":
+                exec(compile(src, "test", "exec"), shared)
+                reply["v"] = ["N"]
+            else:
+                reply["v"] = encode(eval(compile(src, "test", "eval"), shared))
+        except BaseException as exc:  # noqa: BLE001 - the program may raise anything, SystemExit included
+            reply = {"err": _error(exc), "syntax": isinstance(exc, SyntaxError) and op == "load"}
+        finally:
+            sys.stdout = real_stdout
+        reply["violations"] = violations[:5]
+        try:
+            data = json.dumps(reply)
+        except (ValueError, RecursionError) as exc:
+            data = json.dumps({"err": f"reply not encodable: {exc}", "violations": violations[:5]})
+        replies.write(f"{seq} {data}\n".encode())
+        replies.flush()
+
+
+def run_io():
     with open("solution.py", encoding="utf-8") as f:
         source = f.read()
-    with open("tests.json", encoding="utf-8") as f:
-        spec = json.load(f)
-    out = open("result.jsonl", "a", encoding="utf-8")
-    cap = int(spec.get("output_cap", 1 << 20))
-    tests = spec["tests"]
-    sys.stdin = io.StringIO("")
     try:
         code = compile(source, "solution.py", "exec")
     except SyntaxError as exc:
-        out.write(f"{nonce} {json.dumps({'i': -1, 'ok': False, 'error': f'SyntaxError: {exc}'})}\n")
-        out.close()
-        return
+        sys.stderr.write(f"jetrl-syntax-error: {exc}\n")
+        sys.exit(2)
     sys.addaudithook(audit)
-    shared = None
-    for i, test in enumerate(tests):
-        error = None
-        real_stdout = sys.stdout
-        try:
-            if isinstance(test, dict):  # stdin/stdout test: a fresh program run per test
-                sys.stdin = io.StringIO(str(test.get("input", "")))
-                sys.stdout = CappedText(cap)
-                exec(code, {"__name__": "__main__"})
-                got = sys.stdout.getvalue()
-                ok = got.strip() == str(test.get("output", "")).strip()
-                if not ok:
-                    error = f"expected {str(test.get('output', ''))[:100]!r}, got {got[:100]!r}"
-            else:  # an assert statement run after the program, sharing its globals
-                sys.stdout = CappedText(cap)
-                if shared is None:
-                    shared = {"__name__": "__main__"}
-                    exec(code, shared)
-                exec(compile(str(test), f"test_{i}", "exec"), shared)
-                ok = True
-        except BaseException as exc:  # noqa: BLE001 - the program may raise anything, SystemExit included
-            ok = False
-            if isinstance(exc, MemoryError):
-                violations.append("memory limit reached (MemoryError)")
-            elif isinstance(exc, OSError) and exc.errno == errno.EFBIG:
-                violations.append("output over the file size limit")
-            tb = traceback.format_exception_only(type(exc), exc)
-            error = "".join(tb).strip()[:500]
-        finally:
-            sys.stdout = real_stdout
-        row = {"i": i, "ok": ok, "error": error, "violations": violations[:5]}
-        out.write(f"{nonce} {json.dumps(row)}\n")
-        out.flush()
-    out.close()
+    try:
+        exec(code, {"__name__": "__main__"})
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise
+    except BaseException as exc:  # noqa: BLE001
+        err = _error(exc)
+        if isinstance(exc, MemoryError):
+            os.write(2, b"jetrl-violation: memory limit reached (MemoryError)\n")
+        os.write(2, f"jetrl-error: {err}\n".encode(errors="replace"))
+        os._exit(1)
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["io"]:
+        run_io()
+    else:
+        serve(int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20)

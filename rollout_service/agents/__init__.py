@@ -7,4 +7,5 @@ api.py         the FastAPI app: /sessions/<id>/v1/{chat/completions,completions,
 server.py      serving that app inside the worker's event loop
 trajectory.py  recorded calls -> samples (the merge rule)
 runners.py     where agents run: an `async run(client, task)` function, or an external command
+reaper.py      the wrapper a command runs under, so that it and its children die with the worker
 """

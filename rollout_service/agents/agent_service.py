@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shared import subjects
+from shared.contract import subjects
 
 log = logging.getLogger("jetrl.agent_service")
 

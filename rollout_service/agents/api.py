@@ -1,10 +1,5 @@
-"""The OpenAI-compatible API of a rollout worker (docs/agents.md).
-
-    GET  /sessions/<id>/v1/models
-    POST /sessions/<id>/v1/chat/completions
-    POST /sessions/<id>/v1/completions
-    POST /sessions/<id>/reward            {"reward": float}: the agent sets its episode's reward
-    GET  /health
+"""The OpenAI-compatible API of a rollout worker (docs/agents.md): AgentAPI answers chat completions and
+completions for a session, checks its key (SessionAuth) and bounds its body; app.py routes requests to it.
 
 A session is one episode; its base URL `.../sessions/<id>/v1` and its own random API key (sent as
 `Authorization: Bearer <key>`, checked before the body is read) are all an unmodified OpenAI client needs.
@@ -16,23 +11,28 @@ status for what the client must fix.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rollout_service.agents.chat import BadRequest, ChatRenderer, normalise_messages, reply_message
+from rollout_service.agents.chat import (
+    BadRequest,
+    ChatRenderer,
+    UnicodeRequest,
+    normalise_messages,
+    reply_message,
+)
+from rollout_service.agents.constrain import plan_turn
 from rollout_service.agents.session import Call, Session, SessionStore
-from rollout_service.engines.base import SamplingParams
+from rollout_service.engines.base import PromptTooLong, SamplingParams
 from rollout_service.workflows.base import WorkflowContext
-from rollout_service.workflows.tool_agent import CALL_CLOSE
-from shared.auth import BearerAuth
+from shared.runtime.auth import BearerAuth
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
@@ -49,13 +49,19 @@ def _refusal(status: int, message: str) -> tuple[bytes, str]:
 
 
 class SessionAuth(BearerAuth):
-    """Bearer auth where the token of `/sessions/<id>/...` is that session's key; bodies over
-    `max_bytes` (by Content-Length) are refused with 413 before they are read."""
+    """Bearer auth where the token of `/sessions/<id>/...` is that session's key; a body over `max_bytes`
+    is refused with 413: by its Content-Length before it is read, and, for a chunked body (no length),
+    counted while it is read, so no more than `max_bytes` of it is ever held or parsed."""
 
-    def __init__(self, app, store: SessionStore, max_bytes: int):
+    def __init__(self, app, store: SessionStore, max_bytes: int, refusals: dict | None = None):
         super().__init__(app, tokens=lambda kind: [], open_paths=("/health",), refusal=_refusal,
                          realm="jetrl-agent", wrong_status=401)
         self.store, self.max_bytes = store, max_bytes
+        self.refusals = refusals or {}  # path suffix -> the refusal in that route's API's error shape
+
+    def refusal_for(self, scope):
+        path = scope.get("path", "")
+        return next((r for suffix, r in self.refusals.items() if path.endswith(suffix)), self.refusal)
 
     def wanted(self, scope, kind: str) -> list[str]:
         parts = scope.get("path", "").split("/")
@@ -67,33 +73,72 @@ class SessionAuth(BearerAuth):
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
+            scope = _api_key_as_bearer(scope)
             for k, v in scope.get("headers") or ():
                 if k == b"content-length" and v.isdigit() and int(v) > self.max_bytes:
-                    body, ctype = _refusal(413, f"request body of {int(v)} bytes is over the endpoint's limit of "
+                    body, ctype = self.refusal_for(scope)(413, f"request body of {int(v)} bytes is over the endpoint's limit of "
                                                 f"{self.max_bytes} (rollout.agent.max_request_bytes)")
                     await send({"type": "http.response.start", "status": 413, "headers": [
                         (b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode()),
                         (b"connection", b"close")]})
                     await send({"type": "http.response.body", "body": body})
                     return
+            receive = _bounded(receive, self.max_bytes)
         await super().__call__(scope, receive, send)
 
 
-class _Req(BaseModel):
+def _api_key_as_bearer(scope):
+    """Anthropic's SDKs may send the key as `x-api-key`: without an Authorization header it is checked as the
+    bearer token (the same constant-time check, before the body is read)."""
+    headers = scope.get("headers") or []
+    key = next((v for k, v in headers if k == b"x-api-key"), None)
+    if key is None or any(k == b"authorization" for k, _ in headers):
+        return scope
+    return {**scope, "headers": [*headers, (b"authorization", b"Bearer " + key)]}
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """A request body (chunked, or longer than it said) went over rollout.agent.max_request_bytes; an
+    HTTPException so that FastAPI's body reading passes it on as the 413 it is."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body is over the endpoint's limit of {limit} bytes "
+                              "(rollout.agent.max_request_bytes)", headers={"connection": "close"})
+
+
+def _bounded(receive, limit: int):
+    """`receive` that counts the body's bytes as they arrive and raises BodyTooLarge past `limit`."""
+    seen = 0
+
+    async def wrapped():
+        nonlocal seen
+        msg = await receive()
+        if msg.get("type") == "http.request":
+            seen += len(msg.get("body", b""))
+            if seen > limit:
+                raise BodyTooLarge(limit)
+        return msg
+
+    return wrapped
+
+
+class _Req(UnicodeRequest):
     model_config = ConfigDict(extra="ignore")
 
     model: str = ""
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)  # not OpenAI's (vLLM's extension; Anthropic's top_k); 0 = off
     max_tokens: int | None = Field(None, ge=1)
     n: int = Field(1, ge=1, le=128)
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
     logprobs: Any = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    logit_bias: dict | None = None  # refused unless empty: it would change the sampled distribution
 
 
 class ChatRequest(_Req):
@@ -102,11 +147,31 @@ class ChatRequest(_Req):
     tool_choice: str | dict | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     parallel_tool_calls: bool | None = None
+    response_format: dict | None = None  # text | json_object | json_schema (agents/constrain.py)
+    stream_options: dict | None = None  # include_usage (with stream: true)
 
 
 class CompletionRequest(_Req):
     prompt: str | list[int] | list[str]
     echo: bool = False
+
+
+@dataclass
+class ChatChoice:
+    index: int
+    message: dict  # the OpenAI assistant message: content and/or tool_calls
+    finish_reason: str  # stop | length | tool_calls
+    result: Any  # the engine's GenerateResult (output_ids, logprobs, versions)
+
+
+@dataclass
+class ChatOutcome:
+    """What one chat request generated and recorded, before any wire format."""
+
+    session: Session
+    prompt_ids: list[int]
+    results: list
+    choices: list[ChatChoice] = field(default_factory=list)
 
 
 class RewardBody(BaseModel):
@@ -133,11 +198,11 @@ class AgentAPI:
 
     def sampling(self, req: _Req, max_tokens: int | None, session: Session) -> SamplingParams:
         """The request's settings over the task's sampling over rollout.sampling."""
-        if req.stream:
-            raise BadRequest("stream: true is not supported by this endpoint; send stream: false", "stream")
-        if req.top_logprobs:
-            raise BadRequest("top_logprobs is not supported (logprobs: true gives each sampled token's)",
-                             "top_logprobs")
+        if req.top_logprobs and not req.logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        if req.logit_bias:
+            raise BadRequest("logit_bias is not supported (the recorded logprobs must be the sampler's); leave it "
+                             "unset or empty", "logit_bias")
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(req, name):
                 raise BadRequest(f"{name} is not supported (the recorded logprobs must be the sampler's); "
@@ -154,6 +219,8 @@ class AgentAPI:
             raise BadRequest("stop takes up to 4 non-empty strings", "stop")
         return replace(base, temperature=base.temperature if req.temperature is None else req.temperature,
                        top_p=base.top_p if req.top_p is None else req.top_p, max_new_tokens=mnt, stop=stop,
+                       top_k=base.top_k if req.top_k is None else req.top_k,
+                       top_logprobs=req.top_logprobs or 0,
                        seed=req.seed if req.seed is not None else
                        None if base.seed is None else base.seed + session.index)  # episodes of a group differ
 
@@ -164,11 +231,32 @@ class AgentAPI:
             session.refused_calls += 1
             raise BadRequest(f"this episode has made {len(session.calls)} model calls; rollout.agent.max_calls is "
                              f"{session.max_calls}: end the episode", None, 429, "episode_call_limit")
+        self.bound_request(session, sp, n)
         sps = [sp if sp.seed is None else replace(sp, seed=sp.seed + i) for i in range(n)]
+        # Each choice in its own task: when one fails or the client goes (this call is cancelled), the others
+        # are cancelled too, and a cancelled engine call aborts its sequence in the engine.
+        tasks = [asyncio.ensure_future(self._one(session, prompt_ids, s)) for s in sps]
         try:
-            return list(await asyncio.gather(*(self.ctx.generate(prompt_ids, s) for s in sps)))
-        except ValueError as exc:  # the engine refused the request (context too long, bad token ids, ...)
+            return list(await asyncio.gather(*tasks))
+        except PromptTooLong:
+            raise
+        except ValueError as exc:  # the engine refused the request (bad token ids, ...)
             raise BadRequest(f"the engine refused the request: {exc}", None) from None
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def bound_request(self, session: Session, sp: SamplingParams, n: int) -> None:
+        """n x max_tokens within rollout.agent.max_request_tokens."""
+        limit = self.cfg.agent.max_request_tokens
+        if n * sp.max_new_tokens > limit:
+            raise BadRequest(f"n x max_tokens = {n} x {sp.max_new_tokens} = {n * sp.max_new_tokens} tokens is over "
+                             f"this endpoint's limit of {limit} per request (rollout.agent.max_request_tokens): "
+                             "ask for fewer choices or fewer tokens", "n")
+
+    async def _one(self, session: Session, prompt_ids: list[int], sp: SamplingParams):
+        async with session.slots:  # rollout.agent.max_session_sequences: the session's share of the engine
+            return await self.ctx.generate(prompt_ids, sp)
 
     @staticmethod
     def trim_stop(text: str, stop: list[str], finish: str) -> tuple[str, str]:
@@ -184,30 +272,36 @@ class AgentAPI:
 
     def logprobs_block(self, res) -> dict:
         toks = [self.ctx.decode([t], False) for t in res.output_ids]
-        return {"content": [{"token": t, "logprob": float(lp), "bytes": list(t.encode()), "top_logprobs": []}
-                            for t, lp in zip(toks, res.logprobs, strict=False)]}
+        tops = res.top_logprobs or [[] for _ in toks]
+        return {"content": [{"token": t, "logprob": float(lp), "bytes": list(t.encode()), "top_logprobs": [
+            {"token": (a := self.ctx.decode([i], False)), "logprob": float(x), "bytes": list(a.encode())}
+            for i, x in top]} for t, lp, top in zip(toks, res.logprobs, tops, strict=False)]}
 
     # --- routes --------------------------------------------------------------------------------------
-    async def chat(self, sid: str, req: ChatRequest) -> dict:
+    async def complete_chat(self, sid: str, req: ChatRequest) -> ChatOutcome:
+        """Generate and record the choices of a chat request, in no wire format: chat completions (streamed
+        or not), the Responses API and the Messages API are each a translation of a ChatRequest into this
+        and of its ChatOutcome back, so every route records exactly the same call."""
         session = self.session(sid)
         messages = normalise_messages(req.messages)
         tools = req.tools or None
-        choice = req.tool_choice if req.tool_choice is not None else "auto"
-        if isinstance(choice, dict) or choice not in ("auto", "none"):
-            raise BadRequest("tool_choice: only 'auto' and 'none' are supported (the model is not constrained "
-                             "to call a tool)", "tool_choice")
         if tools:
             for j, t in enumerate(tools):
-                if t.get("type") != "function" or not isinstance((t.get("function") or {}).get("name"), str):
-                    raise BadRequest("each tool needs type 'function' and function.name", f"tools[{j}]")
-        offered = tools if choice != "none" else None
+                fn = t.get("function")
+                if t.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise BadRequest("each tool needs type 'function' and function: an object with a name",
+                                     f"tools[{j}]")
         sp = self.sampling(req, req.max_completion_tokens or req.max_tokens, session)
+        self.bound_request(session, sp, req.n)
         user_stop = list(sp.stop)
-        if offered:
-            sp = replace(sp, stop=user_stop + [CALL_CLOSE])
+        # tool_choice, parallel_tool_calls, response_format: constraint and stop strings (constrain.py)
+        offered, sp = plan_turn(req, tools, getattr(self.ctx.tokenizer, "chat_template", None)
+                                if self.ctx.has_chat_template else None, sp, self.ctx.engine)
+        # a bound before the chat template and the tokenizer see the text (a 4 MiB message is refused unread)
+        self.ctx.check_prompt_chars(sum(len(m["content"]) for m in messages) + len(json.dumps(offered or [])))
         prompt_ids = self.renderer.prompt_ids(messages, offered, session.calls)
         results = await self.generate(session, prompt_ids, sp, req.n)
-        choices = []
+        out = ChatOutcome(session=session, prompt_ids=prompt_ids, results=results)
         for i, res in enumerate(results):
             text = self.ctx.decode(res.output_ids)
             shown, finish = self.trim_stop(text, user_stop, res.finish_reason)
@@ -215,18 +309,30 @@ class AgentAPI:
             finish = "tool_calls" if has_calls else finish
             session.record(Call(prompt_ids=list(prompt_ids), result=res, text=text, messages=messages, reply=msg,
                                 tools=offered, raw=self.ctx.decode(res.output_ids, False), index=i))
-            c = {"index": i, "message": msg, "finish_reason": _finish(finish), "logprobs": None}
+            out.choices.append(ChatChoice(index=i, message=msg, finish_reason=_finish(finish), result=res))
+        return out
+
+    async def chat(self, sid: str, req: ChatRequest) -> dict:
+        out = await self.complete_chat(sid, req)
+        choices = []
+        for c in out.choices:
+            d = {"index": c.index, "message": c.message, "finish_reason": c.finish_reason, "logprobs": None}
             if req.logprobs:
-                c["logprobs"] = self.logprobs_block(res)
-            choices.append(c)
-        return {"id": f"chatcmpl-{sid[:8]}{len(session.calls)}", "object": "chat.completion",
+                d["logprobs"] = self.logprobs_block(c.result)
+            choices.append(d)
+        return {"id": f"chatcmpl-{sid[:8]}{len(out.session.calls)}", "object": "chat.completion",
                 "created": int(time.time()), "model": self.model_name, "choices": choices,
-                "usage": self.usage(prompt_ids, results), "system_fingerprint": f"v{self.ctx.engine.version}"}
+                "usage": self.usage(out.prompt_ids, out.results), "system_fingerprint": f"v{self.ctx.engine.version}"}
 
     async def completions(self, sid: str, req: CompletionRequest) -> dict:
         session = self.session(sid)
         if req.echo:
             raise BadRequest("echo is not supported", "echo")
+        if req.stream:
+            raise BadRequest("stream: true is served on chat/completions and responses, not on completions",
+                             "stream")
+        sp = self.sampling(req, req.max_tokens, session)
+        self.bound_request(session, sp, req.n)
         p = req.prompt
         if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
             prompt_ids = [int(x) for x in p]
@@ -236,7 +342,6 @@ class AgentAPI:
             prompt_ids = self.ctx.encode(str(p[0]))
         else:
             prompt_ids = self.ctx.encode(p)
-        sp = self.sampling(req, req.max_tokens, session)
         results = await self.generate(session, prompt_ids, sp, req.n)
         choices = []
         for i, res in enumerate(results):
@@ -265,52 +370,28 @@ class AgentAPI:
         return {"session": sid, "reward": session.reward}
 
 
+async def until_disconnect(request: Request, work):
+    """Run `work`; when the client disconnects first, cancel it (its engine sequences are aborted: their batch
+    slots go to other sessions) and answer nothing."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watch.cancel()
+    if task.cancelled() or not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise BadRequest("the client disconnected before the answer", None, 499, "client_disconnected")
+    return task.result()
+
+
 def _finish(reason: str) -> str:
     return {"abort": "stop"}.get(reason, reason)
-
-
-def build_app(ctx: WorkflowContext, store: SessionStore, max_request_bytes: int | None = None):
-    """The ASGI app (FastAPI behind SessionAuth)."""
-    api = AgentAPI(ctx, store)
-    app = FastAPI(title="jetrl rollout worker: OpenAI-compatible endpoint", docs_url=None, redoc_url=None)
-
-    @app.exception_handler(BadRequest)
-    async def _bad(_: Request, exc: BadRequest):
-        return JSONResponse(error_body(exc.status, str(exc), exc.param, exc.code), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError):
-        errs = exc.errors()
-        first = errs[0] if errs else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        msg = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}"
-                        for e in errs[:5])
-        return JSONResponse(error_body(400, msg, param), status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
-
-    @app.get("/health")
-    async def health() -> dict:
-        return {"ok": True, "version": ctx.engine.version, "sessions": len(store.sessions)}
-
-    @app.get("/sessions/{sid}/v1/models")
-    async def models(sid: str) -> dict:
-        return api.models(sid)
-
-    @app.post("/sessions/{sid}/v1/chat/completions")
-    async def chat(sid: str, req: ChatRequest) -> dict:
-        return await api.chat(sid, req)
-
-    @app.post("/sessions/{sid}/v1/completions")
-    async def completions(sid: str, req: CompletionRequest) -> dict:
-        return await api.completions(sid, req)
-
-    @app.post("/sessions/{sid}/reward")
-    async def reward(sid: str, body: RewardBody) -> dict:
-        return api.reward(sid, body)
-
-    max_bytes = max_request_bytes or ctx.cfg.rollout.agent.max_request_bytes
-    return SessionAuth(app, store, max_bytes)

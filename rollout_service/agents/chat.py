@@ -17,12 +17,29 @@ import json
 import uuid
 from typing import Any
 
+from pydantic import BaseModel, model_validator
+
 from rollout_service.agents.session import Call
 from rollout_service.tools.base import ToolCall
 from rollout_service.workflows.base import WorkflowContext
 from rollout_service.workflows.tool_agent import CALL_CLOSE, CALL_OPEN, parse_tool_calls, plain_preamble
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class UnicodeRequest(BaseModel):
+    """Base of every API's request model: JSON may carry a lone surrogate (\\ud800) that no tokenizer
+    takes; it is refused here, anywhere in the request, as a 400."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        try:
+            json.dumps(data, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"the request holds text that is not valid Unicode ({exc.reason}, e.g. a lone "
+                             "surrogate such as \\ud800): send UTF-8 text") from None
+        return data
 
 
 class BadRequest(ValueError):
@@ -33,12 +50,22 @@ class BadRequest(ValueError):
         self.param, self.status, self.code = param, status, code
 
 
+def _text(s: str, param: str) -> str:
+    """`s` if it is valid Unicode text (JSON can carry a lone surrogate such as \\ud800; no tokenizer takes it)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"text is not valid Unicode ({exc.reason} at character {exc.start}): send UTF-8 text",
+                         param) from None
+    return s
+
+
 def text_content(content: Any, param: str) -> str:
     """A message's content as text: a string, None, or a list of text parts."""
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return _text(content, f"{param}.content")
     if isinstance(content, list):
         out = []
         for j, part in enumerate(content):
@@ -46,7 +73,7 @@ def text_content(content: Any, param: str) -> str:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise BadRequest(f"content part of type {kind!r} is not supported: this endpoint serves text "
                                  "only (send parts of type 'text')", f"{param}.content[{j}]")
-            out.append(str(part.get("text", "")))
+            out.append(_text(str(part.get("text", "")), f"{param}.content[{j}].text"))
         return "".join(out)
     raise BadRequest("content must be a string or a list of text parts", f"{param}.content")
 
@@ -80,6 +107,8 @@ def normalise_messages(messages: list[Any]) -> list[dict]:
         msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
                                "content": text_content(m.get("content"), param)}
         if role == "assistant" and m.get("tool_calls"):
+            if not isinstance(m["tool_calls"], list):
+                raise BadRequest("tool_calls must be a list of tool calls", f"{param}.tool_calls")
             calls = []
             for j, tc in enumerate(m["tool_calls"]):
                 fn = tc.get("function") if isinstance(tc, dict) else None
@@ -111,6 +140,20 @@ def _key(m: dict) -> dict:
         "tool_calls": [(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls") or []]}
 
 
+def _calls_as_text(m: dict) -> dict:
+    """`m` with its tool calls appended to its content as the model writes them: <tool_call>{"name": ...,
+    "arguments": {...}}</tool_call> (arguments decoded where they are JSON, as parse_tool_calls reads them)."""
+    text = m.get("content") or ""
+    for c in m.get("tool_calls") or []:
+        args = c["function"]["arguments"]
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            pass
+        text += f"{CALL_OPEN}{json.dumps({'name': c['function']['name'], 'arguments': args})}{CALL_CLOSE}"
+    return {k: v for k, v in m.items() if k != "tool_calls"} | {"content": text}
+
+
 class ChatRenderer:
     def __init__(self, ctx: WorkflowContext):
         self.ctx = ctx
@@ -120,8 +163,13 @@ class ChatRenderer:
         return "tools" in str(getattr(self.ctx.tokenizer, "chat_template", "") or "")
 
     def template_messages(self, messages: list[dict], tools: list[dict] | None) -> list[dict]:
-        """For a chat template that ignores `tools=` (SmolLM2's): the tool preamble in the system message."""
-        if not tools or self.template_knows_tools:
+        """For a chat template that ignores `tools=` (SmolLM2's): the tool preamble in the system message, and
+        each assistant message's `tool_calls` as the <tool_call> text the model writes (such a template renders
+        only `content`, so calls given in the history, e.g. a worked example, would otherwise vanish)."""
+        if self.template_knows_tools:
+            return messages
+        messages = [_calls_as_text(m) if m.get("tool_calls") else m for m in messages]
+        if not tools:
             return messages
         pre = plain_preamble(tools)
         if messages and messages[0]["role"] == "system":
@@ -140,9 +188,7 @@ class ChatRenderer:
 
     @staticmethod
     def _plain(m: dict) -> str:
-        calls = "".join(f"{CALL_OPEN}{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}"
-                        f"{CALL_CLOSE}" for c in m.get("tool_calls") or [])
-        return m["content"] + calls
+        return _calls_as_text(m)["content"]
 
     def _continuation(self, prev: Call, rest: list[dict], tools: list[dict] | None) -> list[int]:
         if not self.ctx.has_chat_template:

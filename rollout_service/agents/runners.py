@@ -4,14 +4,15 @@ EntryRunner    `async def run(client: openai.AsyncOpenAI, task: dict) -> float |
                'package.module:function' (or 'path/to/file.py:function'), called in the worker; its
                client calls the endpoint's app in-process (rollout.agent.entry_transport) or over HTTP.
 CommandRunner  an external command, any language: started per episode with OPENAI_BASE_URL,
-               OPENAI_API_KEY (the session's key), JETRL_SESSION_ID and JETRL_REWARD_URL in its
+               OPENAI_API_KEY (the session's key), ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY (the same
+               endpoint and key, for Anthropic's SDKs), JETRL_SESSION_ID and JETRL_REWARD_URL in its
                environment and the task (JSON) on stdin; the episode ends when it exits (0).
 ServiceRunner  a long-running agent service, any language: each episode is a NATS request (JSON) on
                `jetrl.<run>.agents.<name>` (queue group jetrl-agents); the reply ends it.
 
 Either returns the reward the agent gave (or None) and raises EpisodeError when the agent fails. The
 caller bounds the time (rollout.agent.timeout_s); a cancelled CommandRunner kills the command's whole
-process group.
+process group, and a worker that dies (even SIGKILLed) takes that group with it (reaper.py).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ import json
 import os
 import shlex
 import signal
+import sys
 from typing import Any
 
 from rollout_service.agents.session import EpisodeError, Session, SessionStore
-from rollout_service.workflows.loader import WorkflowLoadError, _import_module
+from rollout_service.workflows.base import WorkflowLoadError
+from shared.runtime.refs import load_ref
 
 
 def task_json(task) -> dict[str, Any]:
@@ -36,13 +39,8 @@ def task_json(task) -> dict[str, Any]:
 
 def load_entry(spec: str):
     """The `async def run(client, task)` function named by 'package.module:function'."""
-    mod_name, _, attr = spec.rpartition(":")
-    if not mod_name or not attr:
-        raise WorkflowLoadError(f"rollout.workflow_args.entry={spec!r}: write it as 'package.module:function'")
-    module = _import_module(mod_name, spec)
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise WorkflowLoadError(f"rollout.workflow_args.entry={spec!r}: {mod_name} has no attribute {attr!r}")
+    fn = load_ref(spec, "rollout.workflow_args.entry", WorkflowLoadError)
+    attr = spec.rpartition(":")[2]
     if not inspect.iscoroutinefunction(fn):
         raise WorkflowLoadError(f"rollout.workflow_args.entry={spec!r}: {attr} must be `async def run(client, task)`")
     return fn
@@ -127,10 +125,13 @@ class CommandRunner:
     async def __call__(self, session: Session, store: SessionStore) -> float | None:
         ep = episode_request(session, store)
         env = dict(os.environ, OPENAI_BASE_URL=ep["base_url"], OPENAI_API_KEY=ep["api_key"],
+                   # the Anthropic SDKs add /v1/messages to their base URL themselves
+                   ANTHROPIC_BASE_URL=ep["base_url"].removesuffix("/v1"), ANTHROPIC_API_KEY=ep["api_key"],
                    JETRL_SESSION_ID=ep["session_id"], JETRL_REWARD_URL=ep["reward_url"])
-        try:
+        try:  # through the reaper: the command and its children die with this worker, even SIGKILLed
             proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+                sys.executable, "-m", "rollout_service.agents.reaper", str(os.getpid()), *self.argv,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
         except OSError as exc:
             raise EpisodeError(f"agent command {self.argv[0]!r} could not start: {exc}") from None
@@ -162,7 +163,7 @@ class ServiceRunner:
     time limit is the request's; `nc` (the worker's NATS connection) is set before the first episode."""
 
     def __init__(self, name: str, run: str):
-        from shared import subjects
+        from shared.contract import subjects
 
         try:
             self.subject = subjects.agent_episodes(run, name)

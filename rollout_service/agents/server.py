@@ -8,7 +8,7 @@ import logging
 
 import uvicorn
 
-from rollout_service.agents.api import build_app
+from rollout_service.agents.app import build_app
 from rollout_service.agents.session import SessionStore
 from rollout_service.workflows.base import WorkflowContext
 
@@ -21,7 +21,7 @@ class AgentServer:
     def __init__(self, ctx: WorkflowContext):
         self.ctx = ctx
         self.cfg = ctx.cfg.rollout.agent
-        self.store = SessionStore(self.cfg.max_calls)
+        self.store = SessionStore(self.cfg.max_calls, self.cfg.max_session_sequences)
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task | None = None
         self.port = 0

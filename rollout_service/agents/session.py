@@ -7,8 +7,10 @@ the engine produced them. `SessionStore` is the worker's table of open sessions.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,24 @@ class EpisodeError(Exception):
     """The agent of an episode failed (crashed, hung, never ended); the message is the reason."""
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A request of the session that the endpoint answered with an error (4xx, or 5xx)."""
+
+    route: str  # "POST .../chat/completions": the method and the path after the session's id
+    status: int
+    code: str | None
+    message: str
+
+    def __str__(self) -> str:
+        code = f" {self.code}" if self.code else ""
+        return f"{self.route} {self.status}{code}: {self.message}"
+
+
+MAX_REFUSALS = 4  # refusals a session keeps (the last ones)
+MAX_REFUSAL_CHARS = 400  # of each refusal's message
+
+
 @dataclass
 class Session:
     id: str
@@ -49,9 +69,34 @@ class Session:
     reward: float | None = None
     open: bool = True
     refused_calls: int = 0  # calls refused for being past max_calls
+    responses: dict[str, Any] = field(default_factory=dict)  # /v1/responses by id: conversation, object
+    max_sequences: int = 8  # rollout.agent.max_session_sequences
+    slots: asyncio.Semaphore = field(init=False, repr=False)  # one per sequence of this session in the engine
+    refusals: deque = field(default_factory=lambda: deque(maxlen=MAX_REFUSALS))  # the last Refusals
+    refused: int = 0  # requests the endpoint refused in all
+
+    def __post_init__(self) -> None:
+        self.slots = asyncio.Semaphore(self.max_sequences)
 
     def record(self, call: Call) -> None:
         self.calls.append(call)
+
+    def refuse(self, route: str, status: int, code: str | None, message: str) -> None:
+        """Remember that the endpoint refused a request of this session (the last MAX_REFUSALS are kept, each
+        message cut to MAX_REFUSAL_CHARS): a failed episode's reason names them (refusal_reason)."""
+        msg = " ".join(str(message).split())
+        if len(msg) > MAX_REFUSAL_CHARS:
+            msg = msg[: MAX_REFUSAL_CHARS - 3] + "..."
+        self.refusals.append(Refusal(route, int(status), code or None, msg))
+        self.refused += 1
+
+    def refusal_reason(self) -> str:
+        """'endpoint refused: <route> <status> <code>: <message>' for the last refusal (and how many more
+        there were), '' when the endpoint refused nothing. Bounded: one message of MAX_REFUSAL_CHARS."""
+        if not self.refusals:
+            return ""
+        more = f" (the last of {self.refused} refused requests)" if self.refused > 1 else ""
+        return f"endpoint refused: {self.refusals[-1]}{more}"
 
     def final_answer(self) -> str:
         """The episode's answer: the text of the last recorded completion ('' when there was none)."""
@@ -66,15 +111,15 @@ class Session:
 class SessionStore:
     """The open sessions of one worker, by id. Session ids and keys are random (uuid4, 32 bytes)."""
 
-    def __init__(self, max_calls: int):
-        self.max_calls = max_calls
+    def __init__(self, max_calls: int, max_sequences: int = 8):
+        self.max_calls, self.max_sequences = max_calls, max_sequences
         self.sessions: dict[str, Session] = {}
         self.base_url = ""  # set once the server listens
         self.app = None  # the endpoint's ASGI app when entry agents call it in-process (rollout.agent.entry_transport)
 
     def open(self, task: Any, index: int) -> Session:
         s = Session(id=uuid.uuid4().hex, key=secrets.token_urlsafe(32), task=task, index=index,
-                    max_calls=self.max_calls)
+                    max_calls=self.max_calls, max_sequences=self.max_sequences)
         self.sessions[s.id] = s
         return s
 

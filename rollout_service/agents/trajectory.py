@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rollout_service.agents.session import Call
 from rollout_service.workflows.base import Trace
-from shared.messages import Sample
+from shared.contract.messages import Sample
 
 
 def chain_calls(calls: list[Call]) -> list[list[Call]]:

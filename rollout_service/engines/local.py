@@ -11,7 +11,7 @@ computes. Only that thread touches the model and the KV cache. An iteration:
    group's samples of one prompt) are prefilled once and get copies of that row (`share_prefill`),
 3. decodes one token for every running row, then drops the rows that finished.
 
-A LoRA version (a PEFT adapter dir, shared/adapters.py) is merged into the served weights in place, on
+A LoRA version (a PEFT adapter dir, shared/model/adapters.py) is merged into the served weights in place, on
 top of a copy of the base tensors it touches (kept from the first adapter on): W = W_base + alpha/r B A,
 so the base is never reloaded and the forward costs what the plain model costs.
 
@@ -19,6 +19,11 @@ Logprobs are those of the raw model distribution (log_softmax of the logits, bef
 top-k / top-p), like vLLM's default, restricted to `sampling.allowed_token_ids` when set (the trainer
 applies the same mask); the tokens are drawn from the filtered distribution with the
 request's own torch.Generator, so a seeded request gives the same tokens alone or in any batch.
+
+`sampling.constraint` (a JSON schema or Lark grammar, engines/constraint.py) adds a per-sequence mask from
+its llguidance matcher to the same masking: the sampled token and its recorded logprob come from the
+masked distribution. `sampling.top_logprobs` k returns, per token, the k most likely ids of that same
+distribution.
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from typing import Any
 import torch
 
 from rollout_service.engines.base import Engine, GenerateRequest, GenerateResult
+from rollout_service.engines.constraint import KINDS, GrammarMatcher
 from rollout_service.engines.kvbatch import KVBatch, select_rows
-from rollout_service.engines.sampling import StopChecker, check_sampling, make_generator, sample_rows
-from shared.adapters import is_adapter_dir, merged_weights, read_adapter
+from rollout_service.engines.sampling import StopChecker, make_generator, sample_rows
 from shared.config import JetrlConfig
-from shared.logits_mask import allowed_vector, mask_logits
+from shared.model.adapters import is_adapter_dir, merged_weights, read_adapter
+from shared.model.logits_mask import allowed_vector, mask_logits
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,8 @@ class _Seq:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # sampling.top_logprobs per token
+    matcher: GrammarMatcher | None = None  # sampling.constraint's state
     finish_reason: str | None = None
     aborted: bool = False
     t_enqueued: float = field(default_factory=time.monotonic)
@@ -86,6 +94,8 @@ def load_weights_dir(path: str | Path) -> dict[str, torch.Tensor]:
 
 class LocalEngine(Engine):
     name = "local"
+    constraint_kinds = KINDS
+    max_top_logprobs = 20
 
     def __init__(self, cfg: JetrlConfig, model=None, tokenizer=None, version: int = 0):
         self.cfg = cfg
@@ -93,6 +103,7 @@ class LocalEngine(Engine):
         self.device = torch.device(cfg.rollout.device)
         self.model, self.tokenizer = model, tokenizer
         self._version = version
+        self.configured_max_prompt = cfg.rollout.service.max_prompt_tokens
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # row i of self._kv
         self._reprefill: list[_Seq] = []  # running, but their cache must be rebuilt (after a swap)
@@ -129,12 +140,14 @@ class LocalEngine(Engine):
         if self.opts.torch_threads:
             await loop.run_in_executor(self._executor, torch.set_num_threads, self.opts.torch_threads)
         if self.model is None:
-            from shared.tinymodel import load_policy
+            from shared.model.tinymodel import load_policy
 
             self.model, self.tokenizer = await loop.run_in_executor(
                 self._executor, load_policy, self.cfg.model, str(self.device)
             )
         self.model.eval()
+        ctx_len = getattr(self.model.config, "max_position_embeddings", None)
+        self.context_tokens = int(ctx_len) if isinstance(ctx_len, int) and ctx_len > 0 else None
         self.eos_token_id = (
             getattr(self.tokenizer, "eos_token_id", None) if self.tokenizer is not None else None
         )
@@ -171,9 +184,7 @@ class LocalEngine(Engine):
             raise RuntimeError("LocalEngine.generate before start()")
         if self._closed:
             raise RuntimeError("LocalEngine is closed")
-        check_sampling(req.sampling)
-        if not req.prompt_ids:
-            raise ValueError("generate: prompt_ids is empty")
+        self.check_request(req)
         vocab = int(self.model.config.vocab_size)
         bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
         if bad:
@@ -188,9 +199,17 @@ class LocalEngine(Engine):
             else make_generator(req.sampling.seed, self.device),
             tokens=list(req.prompt_ids),
         )
+        if req.sampling.constraint is not None:
+            if self.tokenizer is None:
+                raise ValueError("sampling.constraint: constrained decoding needs the engine's tokenizer")
+            seq.matcher = GrammarMatcher(req.sampling.constraint, self.tokenizer, vocab)
         self._waiting.append(seq)
         self._wake.set()
-        return await asyncio.shield(seq.future)
+        try:
+            return await asyncio.shield(seq.future)
+        except asyncio.CancelledError:  # the caller is gone (a client disconnected): free its batch slot
+            await self.abort(req.request_id)
+            raise
 
     async def update_weights(
         self, version: int, path: str | None = None, state_dict: dict | None = None
@@ -266,6 +285,7 @@ class LocalEngine(Engine):
                 versions=list(seq.versions),
                 finish_reason=reason,
                 timings=timings,
+                top_logprobs=[list(t) for t in seq.top] if seq.req.sampling.top_logprobs else None,
             )
         )
 
@@ -444,25 +464,41 @@ class LocalEngine(Engine):
         live_seqs = [seqs[i] for i in live]
         logits = self._mask_allowed(logits, live_seqs)
         tokens = sample_rows(logits, [s.req.sampling for s in live_seqs], [s.generator for s in live_seqs])
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+        all_lps = torch.log_softmax(logits, dim=-1)
+        logprobs = all_lps.gather(1, tokens[:, None])[:, 0]
         version = self._version
-        for s, tok, lp in zip(live_seqs, tokens.tolist(), logprobs.tolist(), strict=True):
+        for i, (s, tok, lp) in enumerate(zip(live_seqs, tokens.tolist(), logprobs.tolist(), strict=True)):
             s.tokens.append(tok)
             s.output_ids.append(tok)
             s.logprobs.append(lp)
             s.versions.append(version)
+            k = s.req.sampling.top_logprobs
+            if k:
+                top = torch.topk(all_lps[i], k)
+                s.top.append(list(zip(top.indices.tolist(), top.values.tolist(), strict=True)))
             s.finish_reason = s.stop.finish_reason(s.output_ids)
+            if s.matcher is not None and not s.matcher.consume(tok) and s.finish_reason is None:
+                s.finish_reason = "stop"  # the grammar is complete (EOS) or can go no further
+            if s.finish_reason is None and self.context_tokens and len(s.tokens) >= self.context_tokens:
+                s.finish_reason = "length"  # the model's context is full
         self._tokens_total += len(live_seqs)
 
     def _mask_allowed(self, logits: torch.Tensor, seqs: list[_Seq]) -> torch.Tensor:
-        """sampling.allowed_token_ids: the same logits mask as the trainer's (shared/logits_mask.py), so the
-        recorded logprobs are those of the softmax over the allowed ids."""
-        if not any(s.req.sampling.allowed_token_ids for s in seqs):
+        """sampling.allowed_token_ids: the same logits mask as the trainer's (shared/model/logits_mask.py), so the
+        recorded logprobs are those of the softmax over the allowed ids; and, per sequence, the tokens its
+        sampling.constraint allows next (the recorded logprob is then that of the masked distribution)."""
+        if not any(s.req.sampling.allowed_token_ids or s.matcher is not None for s in seqs):
             return logits
         vocab = logits.shape[-1]
-        rows = [allowed_vector(s.req.sampling.allowed_token_ids, vocab, logits.device) for s in seqs]
         full = torch.ones(vocab, dtype=torch.bool, device=logits.device)
-        return mask_logits(logits, torch.stack([full if r is None else r for r in rows]))
+        rows = []
+        for s in seqs:
+            r = allowed_vector(s.req.sampling.allowed_token_ids, vocab, logits.device)
+            r = full if r is None else r
+            if s.matcher is not None:
+                r = r & s.matcher.allowed(logits.device)
+            rows.append(r)
+        return mask_logits(logits, torch.stack(rows))
 
     def _drop_rows(self, finished: list[_Seq], aborted_only: bool = False) -> None:
         keep, rows = [], []

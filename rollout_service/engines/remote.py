@@ -26,9 +26,8 @@ from typing import Any
 import httpx
 
 from rollout_service.engines.base import Engine, EngineDead, GenerateRequest, GenerateResult, SamplingParams
-from rollout_service.engines.sampling import check_sampling
-from shared.adapters import is_adapter_dir
-from shared.linktree import link_tree
+from shared.io.linktree import link_tree
+from shared.model.adapters import is_adapter_dir
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +80,7 @@ class RemoteEngine(Engine, abc.ABC):
         self._retried = 0  # segments sent again after their connection failed
         self._t0 = time.monotonic()
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self._aborts: set[asyncio.Task] = set()  # aborts of cancelled segments still being sent
 
     @property
     def version(self) -> int:
@@ -174,9 +174,7 @@ class RemoteEngine(Engine, abc.ABC):
     # ---------------------------------------------------------------- Engine API
 
     async def generate(self, req: GenerateRequest) -> GenerateResult:
-        check_sampling(req.sampling)
-        if not req.prompt_ids:
-            raise ValueError("generate: prompt_ids is empty")
+        self.check_request(req)  # no constraint nor top_logprobs through segments yet
         if req.request_id in self._gens:
             raise ValueError(f"generate: request_id {req.request_id!r} is already running")
         gen = _Gen(req)
@@ -209,6 +207,10 @@ class RemoteEngine(Engine, abc.ABC):
                         raise
                     failures += 1
                     lost = exc
+                except asyncio.CancelledError:  # the caller is gone: the server must not go on generating
+                    gen.user_aborted = True
+                    self._abort_in_background(segment_id)
+                    raise
                 finally:
                     self._in_flight -= 1
                     if self._in_flight == 0:
@@ -245,6 +247,19 @@ class RemoteEngine(Engine, abc.ABC):
             finish_reason=finish,
             timings={"total": total, "segments": float(gen.n_segments)},
         )
+
+    def _abort_in_background(self, segment_id: str) -> None:
+        """Abort a segment whose caller was cancelled (its own task cannot await any more)."""
+
+        async def abort() -> None:
+            try:
+                await self._abort_segments([segment_id])
+            except Exception:
+                log.warning("%s engine: abort of cancelled segment %s failed", self.name, segment_id, exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
 
     async def _before_retry(self, segment_id: str, exc: Exception, attempt: int) -> None:
         """A segment's connection failed: abort it on the server in case it still runs there (the answer is

@@ -13,20 +13,6 @@ import torch
 from rollout_service.engines.base import SamplingParams
 
 
-def check_sampling(p: SamplingParams) -> None:
-    """Raise ValueError naming the field of an impossible sampling setting."""
-    if p.temperature < 0:
-        raise ValueError(f"sampling.temperature: must be >= 0, got {p.temperature}")
-    if not 0 < p.top_p <= 1:
-        raise ValueError(f"sampling.top_p: must be in (0, 1], got {p.top_p}")
-    if p.top_k < 0:
-        raise ValueError(f"sampling.top_k: must be >= 0 (0 = off), got {p.top_k}")
-    if p.max_new_tokens < 1:
-        raise ValueError(f"sampling.max_new_tokens: must be >= 1, got {p.max_new_tokens}")
-    if any(not s for s in p.stop):
-        raise ValueError("sampling.stop: empty stop string")
-
-
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     """A per-request generator; seed None draws a fresh random seed."""
     g = torch.Generator(device=device)

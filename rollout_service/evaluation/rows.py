@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.config.eval import EvalConfig
-from shared.jsonl import json_objects, row_metadata
+from shared.io.jsonl import json_objects, row_metadata
 
 PROMPT_FIELDS = ("prompt", "question", "problem", "input")
 REFERENCE_FIELDS = ("reference", "answer", "solution", "target")

@@ -54,8 +54,8 @@ class EvalSession:
         from reward_service.client import RewardClient
         from reward_service.local_client import LocalRewardClient
         from rollout_service.engines import make_engine
-        from shared import bus
-        from shared.tinymodel import load_tokenizer
+        from shared.contract import bus
+        from shared.model.tinymodel import load_tokenizer
         from weight_store.client import WeightStoreClient
 
         cfg = self.cfg
@@ -104,7 +104,7 @@ class EvalSession:
         await self.evaluator.load(version)
 
     async def emit(self, result: EvalResult, instance: str = "") -> None:
-        from shared.bus import EventPublisher
+        from shared.contract.bus import EventPublisher
 
         if self.js is None:
             raise EvalError("cannot publish an eval Event without NATS (--local-reward)")

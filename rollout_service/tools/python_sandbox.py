@@ -1,40 +1,31 @@
-"""python: runs model-written code in a bubblewrap sandbox (shared/sandbox.py).
+"""python: runs model-written code in a bubblewrap sandbox (shared/runtime/sandbox.py).
 
 Each call is a fresh sandbox: uid 65534, no network, none of the host's files but a read-only
-interpreter and an empty private work dir, its own pid namespace (every process the code starts dies
-with the call), rlimits on CPU seconds, address space, file size, open files and processes, a wall-clock
+interpreter and a private size-limited tmpfs work dir, its own pid namespace (every process the code starts
+dies with the call) and cgroup (memory of the whole sandbox, pids.max; rlimits where the host has no cgroups),
+rlimits on CPU seconds, address space, file size and open files, a wall-clock
 limit, and stdout/stderr read up to a cap (the sandbox is killed past it). docs/workflows.md says what
 the boundary is and is not.
 """
 
 from __future__ import annotations
 
-import asyncio
-import shutil
 import signal
 import sys
-import tempfile
-from pathlib import Path
 
 from rollout_service.tools.base import ToolError
-from shared import sandbox
+from shared.runtime import sandbox
 
 
 async def run_python(code: str, timeout_s: float, memory_mb: int = 256, cpu_s: int = 5,
                      output_bytes: int = 64 * 1024) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `code`, each output cut at `output_bytes` (the run is then killed and
     the text says so); ToolError on time-out (the whole sandbox is killed)."""
-    tmp = tempfile.mkdtemp(prefix="jetrl-py-")
-    try:
-        work = Path(tmp)
-        (work / "main.py").write_text(code, encoding="utf-8")
-        sandbox.prepare_workdir(work)
-        limits = sandbox.Limits(cpu_s=cpu_s, memory_mb=memory_mb, file_bytes=16 << 20)
-        # the environment's packages (numpy, sympy, ...) are importable, read-only
-        out = await sandbox.run_async([sys.executable, "-I", "-B", str(work / "main.py")], work, limits, timeout_s,
-                                      output_cap=output_bytes, ro_dirs=[sys.prefix])
-    finally:
-        await asyncio.to_thread(shutil.rmtree, tmp, True)
+    # a fresh size-limited tmpfs work dir holding main.py, its own cgroup (memory for the whole sandbox,
+    # pids.max) where the host has one; the environment's packages (numpy, sympy, ...) importable, read-only
+    limits = sandbox.Limits(cpu_s=cpu_s, memory_mb=memory_mb, file_bytes=16 << 20)
+    out = await sandbox.run_async([sys.executable, "-I", "-B", f"{sandbox.WORKDIR}/main.py"], None, limits, timeout_s,
+                                  output_cap=output_bytes, ro_dirs=[sys.prefix], files={"main.py": code.encode()})
     if out.timed_out:
         raise ToolError(f"python: killed after {timeout_s:g} s (time limit)")
     stdout, stderr = out.stdout.decode("utf-8", "replace"), out.stderr.decode("utf-8", "replace")

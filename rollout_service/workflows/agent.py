@@ -7,7 +7,8 @@ long-running agent service taking episodes on `jetrl.<run>.agents.NAME`). Each o
 episode's reward: the one the agent returned or POSTed to `.../sessions/<id>/reward`, else the reward
 service's score of its final answer. An agent that fails (raises or exits non-zero, runs past
 rollout.agent.timeout_s, or keeps calling past rollout.agent.max_calls) fails its whole group: the prompt
-is dead-lettered with the reason (bus.Reject), or retried when rollout.agent.retry_failed is set.
+is dead-lettered with the reason (consumer.Reject; the endpoint's last refusal of its requests first, if
+any), or retried when rollout.agent.retry_failed is set.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ import time
 from rollout_service.agents.runners import CommandRunner, EntryRunner, ServiceRunner
 from rollout_service.agents.session import EpisodeError, Session
 from rollout_service.agents.trajectory import episode_samples
-from rollout_service.workflows.base import Workflow, WorkflowContext, reward_metrics
-from rollout_service.workflows.loader import WorkflowLoadError
-from shared import bus, subjects
-from shared.messages import PromptTask, Sample
+from rollout_service.workflows.base import Workflow, WorkflowContext, WorkflowLoadError, reward_metrics
+from shared.contract import consumer, subjects
+from shared.contract.messages import PromptTask, Sample
 
 
 class AgentFailed(Exception):
@@ -58,7 +58,7 @@ class AgentWorkflow(Workflow):
             reason = f"agent ({self.what}) episode {i} of {task.group_id}: {exc}"
             if len(failures) > 1:
                 reason += f" (and {len(failures) - 1} more failed episode(s))"
-            raise AgentFailed(reason) if ctx.cfg.rollout.agent.retry_failed else bus.Reject(reason)
+            raise AgentFailed(reason) if ctx.cfg.rollout.agent.retry_failed else consumer.Reject(reason)
         rewards: list[float | None] = list(outcomes)
         metrics = await score_unscored(ctx, task, sessions, rewards)
         samples = []
@@ -96,7 +96,17 @@ class AgentWorkflow(Workflow):
             await close()
 
     async def episode(self, ctx: WorkflowContext, session: Session) -> float | None:
-        """Run the agent for one session; its reward (returned, else POSTed, else None)."""
+        """Run the agent for one session; its reward (returned, else POSTed, else None). A failure's reason
+        starts with the endpoint's last refusal of the session's requests, if any (agents/refusals.py)."""
+        try:
+            return await self._episode(ctx, session)
+        except EpisodeError as exc:
+            refused = session.refusal_reason()
+            if refused:
+                raise EpisodeError(f"{refused}; {exc}") from None
+            raise
+
+    async def _episode(self, ctx: WorkflowContext, session: Session) -> float | None:
         limit = ctx.cfg.rollout.agent.timeout_s
         endless = (f"never ended its episode: kept calling past rollout.agent.max_calls = {session.max_calls}")
         try:

@@ -21,11 +21,22 @@ from typing import Any
 
 import numpy as np
 
-from rollout_service.engines.base import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rollout_service.engines.base import (
+    Engine,
+    GenerateRequest,
+    GenerateResult,
+    PromptTooLong,
+    SamplingParams,
+)
 from rollout_service.tools.base import ToolRegistry
-from shared.bus import Transient
 from shared.config import JetrlConfig
-from shared.messages import PromptTask, RewardResult, Sample
+from shared.contract.consumer import Transient
+from shared.contract.messages import PromptTask, RewardResult, Sample
+
+
+class WorkflowLoadError(ValueError):
+    """rollout.workflow (or an agent's entry, command or service) names nothing loadable; the message says why
+    and what was tried."""
 
 
 @dataclass
@@ -33,10 +44,8 @@ class WorkflowStats:
     """Counters the service turns into metrics (summed over every workflow call of one worker)."""
 
     generated_tokens: int = 0
-    generate_calls: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
-    reward_calls: int = 0
 
 
 @dataclass
@@ -50,6 +59,7 @@ class WorkflowContext:
     cfg: JetrlConfig
     stats: WorkflowStats = field(default_factory=WorkflowStats)
     agents: Any = None  # rollout_service.agents.server.AgentServer: the OpenAI-compatible endpoint, when served
+    _chars_per_token: int | None = field(default=None, repr=False)
 
     # --- text <-> tokens ------------------------------------------------------------------------
     @property
@@ -57,7 +67,30 @@ class WorkflowContext:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of `text`. A text longer than the engine's prompt limit could possibly tokenize to
+        (limit x the tokenizer's longest token, in characters) raises PromptTooLong unread, so a huge
+        message costs a length check, not a tokenization."""
+        self.check_prompt_chars(len(text))
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def check_prompt_chars(self, chars: int) -> None:
+        limit = getattr(self.engine, "max_prompt_tokens", None)
+        if limit is not None and chars > limit * self.chars_per_token_ceiling:
+            raise PromptTooLong(f"prompt of {chars} characters is over the limit of {limit} tokens (at most "
+                                f"{self.chars_per_token_ceiling} characters per token with this tokenizer; the "
+                                "model's context, rollout.service.max_prompt_tokens)")
+
+    @property
+    def chars_per_token_ceiling(self) -> int:
+        """The most characters one token of this tokenizer stands for (its longest vocabulary entry): a text
+        of c characters is at least c / this many tokens."""
+        if self._chars_per_token is None:
+            try:
+                vocab = self.tokenizer.get_vocab()
+                self._chars_per_token = max(8, max(len(t) for t in vocab))
+            except Exception:  # no vocabulary to look at: a generous bound
+                self._chars_per_token = 64
+        return self._chars_per_token
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -113,7 +146,6 @@ class WorkflowContext:
         t0 = time.monotonic()
         res = await self.engine.generate(GenerateRequest(prompt_ids=list(prompt_ids), sampling=sampling))
         res.timings.setdefault("total", time.monotonic() - t0)
-        self.stats.generate_calls += 1
         self.stats.generated_tokens += len(res.output_ids)
         return res
 
@@ -122,7 +154,6 @@ class WorkflowContext:
         """Score through the reward service (task = cfg.reward.task). A failed request (service down,
         timeout after retries) raises Transient, so the prompt is retried instead of published with
         made-up rewards; per-completion scoring errors stay in the result."""
-        self.stats.reward_calls += 1
         rr = await self.reward.score(self.cfg.reward.task, completions, task.payload.get("reference"),
                                      payload=task.payload, completion_ids=completion_ids)
         if rr.error:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from rollout_service.workflows.base import Trace, Workflow, WorkflowContext, prompt_messages, reward_metrics
-from shared.messages import PromptTask, Sample
+from shared.contract.messages import PromptTask, Sample
 
 
 def discounted(reward: float, turn: int, discount: float) -> float:

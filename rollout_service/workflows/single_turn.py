@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from rollout_service.workflows.base import Trace, Workflow, WorkflowContext, reward_metrics
-from shared.messages import PromptTask, Sample
+from shared.contract.messages import PromptTask, Sample
 
 
 class SingleTurnWorkflow(Workflow):

@@ -16,7 +16,7 @@ import time
 
 from rollout_service.tools.base import ToolCall
 from rollout_service.workflows.base import Trace, Workflow, WorkflowContext, prompt_messages, reward_metrics
-from shared.messages import PromptTask, Sample
+from shared.contract.messages import PromptTask, Sample
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
@@ -58,7 +58,8 @@ def plain_preamble(schemas: list[dict]) -> str:
     lines = ["You can use tools:"]
     for s in schemas:
         f = s["function"]
-        lines.append(f"- {f['name']}({', '.join(f['parameters'].get('properties', {}))}): {f['description']}")
+        params = f.get("parameters") or {}  # both optional in OpenAI's tool schema
+        lines.append(f"- {f['name']}({', '.join(params.get('properties') or {})}): {f.get('description', '')}")
     lines.append(f'Call one as {CALL_OPEN}{{"name": "...", "arguments": {{...}}}}{CALL_CLOSE}; '
                  "its result comes back in <tool_response>. Then answer.")
     return "\n".join(lines)

@@ -44,7 +44,7 @@ class JetrlConfig(Section):
     @field_validator("run")
     @classmethod
     def _check_run(cls, v: str) -> str:
-        from shared.subjects import check_run_id
+        from shared.contract.subjects import check_run_id
 
         return check_run_id(v)
 

@@ -1,7 +1,7 @@
 """Base class for every config section: unknown keys are errors (a typo must not pass silently).
 
 Secret fields (`json_schema_extra={"secret": True}`) have a `<name>_file` twin; read them with
-`section.secret(name)` (shared/credentials.py)."""
+`section.secret(name)` (shared/runtime/credentials.py)."""
 
 from typing import ClassVar
 
@@ -14,7 +14,7 @@ class Section(BaseModel):
 
     @model_validator(mode="after")
     def _no_redacted_secrets(self):
-        from shared.credentials import REDACTED, secret_fields
+        from shared.runtime.credentials import REDACTED, secret_fields
 
         for name in secret_fields(type(self)):
             if getattr(self, name) == REDACTED:
@@ -30,7 +30,7 @@ class Section(BaseModel):
     def secret(self, name: str) -> str:
         """The secret `name`: its inline value, or the content of the file `<name>_file` names ('' if
         neither is set). Raises SecretFileError naming the field when the file cannot be read."""
-        from shared.credentials import read_secret
+        from shared.runtime.credentials import read_secret
 
         path = getattr(self, f"{name}_file", "")
         if path:

@@ -29,17 +29,32 @@ class ControllerConfig(Section):
         False, description="Serve without a token: anyone who reaches the port reads and writes. Logged as a warning; "
         "for a throwaway loopback setup only.",
     )
+    verify_weights: bool = Field(
+        True, description="Act on an announced weight version (admission bound, current version) only when the "
+        "weight store (weights.url, weights.read_token) holds it with the announced manifest digest and versions "
+        "only go up (controller/release.py, VersionGate); a refusal is a `weights_refused` event. false: trust the KV.",
+    )
     max_upload_mb: int = Field(
         4096, ge=1, description="Largest dataset file accepted by upload or by server-side path, in MiB."
     )
     max_line_kb: int = Field(
         8192, ge=1, description="Longest JSONL line (one dataset row) accepted, in KiB (NATS max_payload caps a prompt)."
     )
+    max_dataset_mb: int = Field(
+        4096, ge=1, description="Most data one dataset may decompress to, in MiB, counted while it is read (JSONL "
+        "lines after gzip/bz2/xz, Parquet record batches, Hugging Face rows): the read stops with a 413 at the limit.",
+    )
+    max_expansion_ratio: float = Field(
+        100.0, ge=0, description="A compressed source (Parquet, .gz/.bz2/.xz JSONL, local Hugging Face files) may "
+        "decompress to at most this many times its size on disk (and at least 1 MiB) before the read stops with a "
+        "413: a 1 KB Parquet file of 50 x 8 MB rows is refused after its first MiB. 0 = only max_dataset_mb.",
+    )
     max_errors: int = Field(10, ge=1, le=1000, description="Validation reports at most this many bad rows.")
     path_roots: list[str] = Field(
         default_factory=list,
-        description="Dirs server-side datasets may be read from: /v1/datasets/path and the local files or dirs of "
-        "/v1/datasets/hf must lie under one of them ([] = no server-side paths; upload instead).",
+        description="Dirs server-side datasets may be read from: /v1/datasets/path and every local file or dir any "
+        "/v1/datasets/hf builder reads must lie under one of them, symlinks resolved and globs expanded first; a "
+        "relative path is taken relative to the first root ([] = no server-side paths; upload instead).",
     )
     hf_cache_dir: str = Field("", description="Cache dir of the `datasets` library ('' = <data_dir>/hf-cache).")
     release_batch: int = Field(500, ge=1, le=100_000, description="Prompts written to the ledger and published per batch.")

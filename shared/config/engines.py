@@ -6,7 +6,7 @@ Which one runs is `rollout.engine`; docs/engines.md explains each option.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
@@ -125,6 +125,3 @@ class SimEngineConfig(Section):
         description="Seed of the engine's length and token draws (a request's seed overrides); None = fresh "
         "entropy, so rollout workers sharing one config draw differently.",
     )
-
-
-EngineName = Literal["local", "vllm", "sglang", "sim"]

@@ -30,3 +30,9 @@ class LaunchConfig(Section):
         300.0, gt=0, description="The window (seconds) in which crash_loop_restarts failures count as a crash loop."
     )
     error_lines: int = Field(20, ge=1, description="Last log lines of a crash-looping child shown when the run stops.")
+    private_files: bool = Field(
+        True, description="The run dir is private to the user running `jetrl up` / `jetrl demo`: umask 077 for the "
+        "launcher and every service it starts (directories 0700, files 0600: logs, datasets, hf-cache, weights, "
+        "checkpoints), and what the run dir already holds loses group/other access at start. false = the "
+        "umask of the shell (often 0644 files in 0755 dirs, readable by every user of the host).",
+    )

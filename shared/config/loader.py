@@ -172,8 +172,8 @@ def _origin_of(dotted: str, origin: dict[str, str]) -> str | None:
 
 def dump_config(cfg: BaseModel, redact: bool = True) -> str:
     """The resolved config as YAML (what `jetrl config show` prints), secrets replaced by REDACTED unless
-    `redact` is false (shared/credentials.py)."""
-    from shared.credentials import redacted_dump
+    `redact` is false (shared/runtime/credentials.py)."""
+    from shared.runtime.credentials import redacted_dump
 
     return yaml.safe_dump(redacted_dump(cfg) if redact else cfg.model_dump(mode="json"), sort_keys=False)
 

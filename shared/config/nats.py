@@ -39,6 +39,19 @@ class NatsConfig(Section):
     password_file: str = Field("", description="File holding nats.password (mode 0600).")
     token: str = Field("", json_schema_extra={"secret": True}, description="Token auth. Prefer token_file.")
     token_file: str = Field("", description="File holding nats.token (mode 0600).")
+    users_dir: str = Field(
+        "", description="Embedded server: per-service users, a dir holding one `<role>.password` file (0600) per "
+        "role of shared/runtime/nats_permissions.py (`jetrl-controller`, `jetrl-rollout`, ...), each user allowed only "
+        "the subjects its service uses (docs/protocol.md, \"Permissions\"). `jetrl up` makes it under "
+        "<run dir>/secrets/nats and connects each service as its own user; this process still connects as "
+        "`user`/`password`. Replaces the single `user` / `token` of the server.",
+    )
+    per_service_users: bool = Field(
+        True, description="`jetrl up`: each service gets its own NATS user with only the permissions it needs "
+        "(the default). false = one user (nats.user, default `jetrl`) with every permission for all services, "
+        "as before per-service users (less safe: any service's credentials can delete streams or forge "
+        "weight announcements). Token auth (nats.token) is always one identity.",
+    )
     insecure_no_auth: bool = Field(
         False, description="Embedded server: accept anonymous clients. Without it the embedded server refuses to "
         "start unless user + password or token is set. Logged as a warning.",
@@ -64,6 +77,12 @@ class NatsConfig(Section):
 
 
 class StreamsConfig(Section):
+    manage: bool = Field(
+        True, description="Create the streams and the weights KV bucket, or update them to match this config, "
+        "at start (the controller's job). false = only wait until they exist (logged every 10 s): a "
+        "service whose NATS user may not create streams (`jetrl up` sets it for every service but the "
+        "controller).",
+    )
     replicas: int = Field(1, ge=1, le=5, description="JetStream replicas per stream (3 on a 3-node cluster).")
     storage: Literal["file", "memory"] = Field("file", description="Stream storage.")
     duplicate_window_s: float = Field(

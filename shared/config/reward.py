@@ -17,9 +17,20 @@ class CodeSandboxConfig(Section):
         "the service waits at least this + 2 s for it."
     )
     cpu_s: int = Field(3, ge=1, description="RLIMIT_CPU of the sandboxed process, seconds.")
-    memory_mb: int = Field(512, ge=64, description="RLIMIT_AS (address space) of the sandboxed process, MiB.")
+    memory_mb: int = Field(
+        512, ge=64, description="Memory of one sandbox, MiB: the memory limit of its cgroup (all its processes and "
+        "its tmpfs files together, swap included) and RLIMIT_AS of each process.")
     output_bytes: int = Field(1 << 20, ge=1024, description="Cap on the program's output (per test and per file).")
     max_tests: int = Field(100, ge=1, description="Most test cases one reference may carry.")
+    pids: int = Field(64, ge=4, description="pids.max of one sandbox's cgroup (without cgroups: RLIMIT_NPROC, which "
+                      "uid 65534's processes share across all sandboxes).")
+    disk_mb: int = Field(64, ge=1, description="Size of one sandbox's tmpfs work dir (and of its /tmp), MiB.")
+    cgroups: Literal["auto", "v2", "v1", "off"] = Field(
+        "auto", description="Per-sandbox cgroup: auto = v2 when its memory and pids controllers can be delegated, "
+        "else v1 memory+pids, else none (rlimits only, with a warning); off = rlimits only.")
+    cgroup_parent: str = Field(
+        "", description="cgroup v2 directory delegated to the service to create sandbox cgroups under ('' = the "
+        "service's own cgroup, usable when it holds no processes or is the root).")
 
 
 class RewardConfig(Section):

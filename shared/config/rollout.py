@@ -24,7 +24,7 @@ class SamplingConfig(Section):
         default_factory=list,
         description="Sample only these token ids ([] = any). The behaviour logprobs are then those of the "
         "softmax over the allowed ids, and the trainer applies the same logits mask to generated tokens "
-        "(shared/logits_mask.py). Honoured by the local and vllm engines; sglang refuses it. EOS stops a "
+        "(shared/model/logits_mask.py). Honoured by the local and vllm engines; sglang refuses it. EOS stops a "
         "sequence only if it is allowed.",
     )
 

@@ -233,7 +233,19 @@ class TrainerConfig(Section):
         "the varlen attention (the CPU default; `auto` picks it over flash-attention when this is on); with "
         "sdpa/eager/flash_attention_2 or the megatron backend sequences are packed unshared.",
     )
-    activation_checkpointing: bool = Field(False, description="Recompute activations in backward (saves memory).")
+    activation_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
+        description="Recompute activations in backward (saves memory, costs a second forward per layer): true, "
+        "false, or auto = for each micro-batch whose estimated saved activations are over "
+        "trainer.activation_memory_gb (long samples), not for the others (trainer_service/activations.py). The "
+        "megatron backend recomputes with true only.",
+    )
+    activation_memory_gb: float = Field(
+        2.0, gt=0,
+        description="activation_checkpointing auto: a micro-batch whose forward would save more than this many GB "
+        "for backward (estimated from the model's shape: layers x (10 x hidden + 4 x intermediate + 2 x key/value "
+        "width) float32s per token, 1.47 MB for SmolLM2-135M, so ~1,360 tokens) runs with activation checkpointing.",
+    )
     release_memory: bool = Field(
         False,
         description="After each step, hand the memory the step freed back to the OS (glibc malloc_trim; "

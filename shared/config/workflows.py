@@ -64,6 +64,18 @@ class ServiceConfig(Section):
         1_000_000, ge=1, description="A prompt task whose prompt text (or all its messages together) is longer "
         "than this many characters is dead-lettered.",
     )
+    max_prompt_tokens: int = Field(
+        0, ge=0, description="Longest prompt, in tokens, any engine accepts (0 = the model's context less one "
+        "token). A longer prompt is refused before it is tokenized whole (text over this many tokens' worth of "
+        "the tokenizer's longest token is refused unread): on the agent endpoint with HTTP 400 "
+        "(code context_length_exceeded), on the prompt stream by dead-lettering its group with the reason.",
+    )
+    max_sample_tokens: int = Field(
+        0, ge=0, description="Longest sample, in tokens (prompt and completion, all turns of an agent's episode "
+        "merged), a group may carry to the trainer: a group with a longer one is dead-lettered with the reason "
+        "instead of published. 0 = the model's context where the engine knows it, else no bound. The trainer's "
+        "memory for long samples is bounded by trainer.activation_checkpointing auto (docs/trainer.md, Memory).",
+    )
     stop_timeout_s: float = Field(
         60.0, gt=0, description="After SIGTERM, tasks in flight get this long to finish; then they are cancelled "
         "(not acked: JetStream redelivers them) and the worker exits.",
@@ -102,5 +114,13 @@ class AgentConfig(Section):
     )
     model_name: str = Field("", description="Model id the endpoint reports in /v1/models ('' = the run id).")
     max_request_bytes: int = Field(
-        4 * 1024 * 1024, ge=1024, description="Largest request body the endpoint reads (HTTP 413 past it).",
+        4 * 1024 * 1024, ge=1024, description="Largest request body the endpoint reads (HTTP 413 past it), "
+        "counted while it is read (chunked bodies without Content-Length too).",
+    )
+    max_request_tokens: int = Field(
+        32768, ge=1, description="Most tokens one request may ask for: n x max_tokens over it is refused (HTTP 400).",
+    )
+    max_session_sequences: int = Field(
+        8, ge=1, description="Most sequences one session (episode) has in the engine at once, over all its "
+        "requests; the rest wait their turn, so one agent cannot take the whole batch.",
     )

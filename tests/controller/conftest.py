@@ -18,7 +18,7 @@ def pg_server():
     if url:
         yield ("url", url)
         return
-    from launcher.devpg import TempPostgres, find_pg_bin
+    from testkit.devpg import TempPostgres, find_pg_bin
 
     if find_pg_bin() is None:
         unavailable("PostgreSQL: no server binaries (initdb/pg_ctl; apt-get install postgresql) and no JETRL_TEST_PG_URL")
@@ -31,7 +31,7 @@ def _new_pg_database(pg_server) -> str:
     kind, handle = pg_server
     name = f"jetrl_{uuid.uuid4().hex[:12]}"
     if kind == "url":
-        from launcher.devpg import create_database_at
+        from testkit.devpg import create_database_at
 
         return create_database_at(handle, name)
     return handle.create_database(name)
@@ -42,11 +42,6 @@ def db_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'controller.db'}"
     return _new_pg_database(request.getfixturevalue("pg_server"))
-
-
-@pytest.fixture
-def sqlite_url(tmp_path):
-    return f"sqlite:///{tmp_path / 'controller.db'}"
 
 
 @pytest.fixture

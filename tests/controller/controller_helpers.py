@@ -11,10 +11,10 @@ import uvicorn
 
 from controller.api import make_app
 from controller.service import Controller
-from shared import codec, subjects
 from shared.config import JetrlConfig
-from shared.messages import PromptTask
-from shared.natsd import free_port
+from shared.contract import codec, subjects
+from shared.contract.messages import PromptTask
+from shared.runtime.natsd import free_port
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -5,20 +5,32 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
+import pytest
+import torch
+import uvicorn
 from controller_helpers import (
     AUTH,
+    make_config,
     maxdigit_rows,
     prompts_count,
     run_config,
+    start_live,
+    stop_live,
     stream_prompts,
     wait_for,
     write_jsonl,
 )
 
 from controller.release import RunReleaser
-from shared import bus, codec, subjects
-from shared.messages import DeadLetter, Event, WeightVersion
+from shared.config import WeightStoreConfig
+from shared.contract import bus, codec, subjects
+from shared.contract.messages import DeadLetter, Event, WeightVersion
+from shared.runtime.natsd import free_port
+from weight_store.client import WeightStoreClient
+from weight_store.server import create_app
+from weight_store.storage import Storage
 
 
 async def setup_run(live, tmp_path, run, rows, max_staleness, batch_size, total_steps=0):
@@ -55,10 +67,59 @@ async def _released(live, run, want):
     return (await ledger(live, run))["released"] == want
 
 
-async def announce(js, run, version):
+@pytest.fixture
+def weights_store(tmp_path):
+    """A real weight store (the FastAPI app on uvicorn in a thread) that the controller checks versions with."""
+    port = free_port()
+    cfg = WeightStoreConfig(url=f"http://127.0.0.1:{port}", root=str(tmp_path / "weights"), port=port,
+                            insecure_no_auth=True, cache_dir=str(tmp_path / "wcache"))
+    server = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off", loop="asyncio", access_log=False))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "weight store did not start"
+        time.sleep(0.02)
+    yield cfg
+    server.should_exit = True
+    t.join(10)
+
+
+@pytest.fixture
+async def live(tmp_path, nats_config, db_url, js, weights_store):
+    cfg = make_config(tmp_path, nats_config, db_url).model_copy(update={"weights": weights_store})
+    handle = await start_live(cfg)
+    yield handle[0]
+    await stop_live(handle)
+
+
+async def store_version(live, run, version, step=None) -> WeightVersion:
+    """Commit `version` to the weight store (what the trainer does before it announces)."""
+    client = WeightStoreClient(live.cfg.weights)
+    return await client.publish(run, version, {"w": torch.full((4,), float(version))},
+                                step=version if step is None else step)
+
+
+async def announce(js, run, version, step=None, live=None, store=True):
+    """Commit the version to the store (unless `store` is false), then announce it in the KV."""
+    wv = WeightVersion(run=run, version=version, step=version if step is None else step, sha256="0" * 64)
+    if store:
+        wv = await store_version(live or LIVE[0], run, version, step)
     kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
-    await kv.put(run, codec.encode(WeightVersion(run=run, version=version, step=version,
-                                                 manifest_url=f"http://w/{run}/{version}")))
+    await kv.put(run, codec.encode(wv))
+
+
+LIVE: list = []
+
+
+@pytest.fixture(autouse=True)
+def _live_for_announce(request):
+    """announce() commits through the test's live controller's weight store config."""
+    if "live" in request.fixturenames:
+        LIVE[:] = [request.getfixturevalue("live")]
+    yield
+    LIVE.clear()
 
 
 async def emit(js, nc, run, service, kind, data, instance="i0"):
@@ -73,7 +134,8 @@ async def test_admission_never_exceeds_the_bound_and_grows_with_versions(live, j
     await settle_at(live, js, "a1", 6, bound=6)
     await announce(js, "a1", 1)
     await settle_at(live, js, "a1", 9, bound=9)
-    await announce(js, "a1", 3)
+    await store_version(live, "a1", 2)  # committed, never announced (a trainer that died before announcing)
+    await announce(js, "a1", 3)  # a jump the store accounts for
     await settle_at(live, js, "a1", 15, bound=15)
     run = (await live.http.get("/v1/runs/a1")).json()
     assert run["current_version"] == 3 and run["admission_bound"] == 15
@@ -89,8 +151,7 @@ async def test_after_a_trainer_resume_the_bound_follows_its_steps_not_its_versio
     await setup_run(live, tmp_path, "j1", rows=40, max_staleness=1, batch_size=3)
     await announce(js, "j1", 6)
     await settle_at(live, js, "j1", 24, bound=24)
-    kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
-    await kv.put("j1", codec.encode(WeightVersion(run="j1", version=7, step=5, manifest_url="http://w/j1/7")))
+    await announce(js, "j1", 7, step=5)
     await wait_for(lambda: _current_version_is(live, "j1", 7), what="version 7 seen")
     run = (await live.http.get("/v1/runs/j1")).json()
     assert run["current_step"] == 5 and run["admission_bound"] == 21
@@ -226,3 +287,53 @@ async def test_a_newer_version_reported_during_start_up_keeps_its_own_step():
     assert (rel.current_version, rel.current_step) == (30, 27)
     await rel._adopt_stored_version(25)  # an older stored version changes nothing
     assert (rel.current_version, rel.current_step) == (30, 27)
+
+
+async def _refused_event(live, run, version):
+    evs = (await live.http.get(f"/v1/runs/{run}/events", params={"kind": "weights_refused"}, headers=AUTH)).json()
+    evs = evs.get("events", evs) if isinstance(evs, dict) else evs
+    return any(e["kind"] == "weights_refused" and e["data"].get("version") == version and
+               e["service"] == "controller" for e in evs)
+
+
+async def test_a_forged_announcement_does_not_move_the_bound_and_is_reported(live, js, nc, tmp_path):
+    # a forged announcement: `version=1000000` written into the KV by someone other than the trainer
+    await setup_run(live, tmp_path, "f1", rows=60, max_staleness=1, batch_size=3)
+    await announce(js, "f1", 0)
+    await announce(js, "f1", 1)
+    await settle_at(live, js, "f1", 9, bound=9)
+    await announce(js, "f1", 1_000_000, store=False)
+    await wait_for(lambda: _refused_event(live, "f1", 1_000_000), what="the weights_refused event")
+    await settle_at(live, js, "f1", 9, bound=9)  # the bound did not jump to 3,000,006
+    run = (await live.http.get("/v1/runs/f1")).json()
+    assert run["current_version"] == 1 and run["admission_bound"] == 9, run
+    assert [v["version"] for v in (await live.http.get("/v1/runs/f1/versions", headers=AUTH)).json()] == [0, 1]
+    # a version the store holds under another manifest digest is refused the same way
+    good = await store_version(live, "f1", 2)
+    kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
+    await kv.put("f1", codec.encode(WeightVersion(run="f1", version=2, step=2, sha256="1" * 64)))
+    await wait_for(lambda: _refused_event(live, "f1", 2), what="the refusal of a wrong digest")
+    assert (await live.http.get("/v1/runs/f1")).json()["current_version"] == 1
+    # the trainer's real next version moves the bound as usual
+    await kv.put("f1", codec.encode(good))
+    await wait_for(lambda: _current_version_is(live, "f1", 2), what="version 2 accepted")
+    await settle_at(live, js, "f1", 12, bound=12)
+
+
+async def test_versions_retention_retired_before_the_check_are_still_recorded(
+        live, js, nc, tmp_path):
+    # The trainer ran ahead: versions 0-3 are committed and the store's retention (keep_last) already deleted
+    # 0 and 1 when the controller gets to version 0's announcement (seen in CI: the audit began at 3).
+    await setup_run(live, tmp_path, "r1", rows=60, max_staleness=1, batch_size=3)
+    client = WeightStoreClient(live.cfg.weights)
+    wvs = [await store_version(live, "r1", v) for v in range(4)]
+    storage = Storage(live.cfg.weights.root)  # what the store's retention deletes with (state.py StoreState.retain)
+    for v in set(await client.versions("r1")) & {0, 1}:
+        storage.delete("r1", v)
+    held = await client.versions("r1")
+    assert min(held) == 2, held
+    kv = await js.key_value(subjects.WEIGHTS_KV_BUCKET)
+    for wv in wvs:
+        await kv.put("r1", codec.encode(wv))
+    await wait_for(lambda: _current_version_is(live, "r1", 3), what="version 3 accepted")
+    assert [v["version"] for v in (await live.http.get("/v1/runs/r1/versions", headers=AUTH)).json()] == [0, 1, 2, 3]

@@ -17,7 +17,7 @@ from controller_helpers import (
     write_jsonl,
 )
 
-from shared import subjects
+from shared.contract import subjects
 
 
 async def upload(live, path, mapping=None, name=""):
@@ -177,4 +177,5 @@ async def test_register_by_server_path_and_hf_builder(live, tmp_path):
     assert h.status_code == 200, h.text  # same rows -> the same dataset
     assert h.json()["id"] == r.json()["id"]
     missing = await live.http.post("/v1/datasets/path", json={"path": str(tmp_path / "nope.jsonl")}, headers=AUTH)
-    assert missing.status_code == 404 and "not a readable file" in missing.json()["detail"]
+    # missing inside the roots: the same 403 as a forbidden path (test_controller_hostile_data.py)
+    assert missing.status_code == 403 and "not found, not readable, or not under" in missing.json()["detail"]

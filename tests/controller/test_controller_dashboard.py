@@ -16,9 +16,9 @@ import pytest
 from ci_gate import unavailable
 from controller_helpers import AUTH, TOKEN, run_config, wait_for
 
-from shared import bus, codec, subjects
-from shared.messages import TRAINER_STAGES, Event, Sample, TrajectoryGroup
-from shared.tinymodel import build_tokenizer
+from shared.contract import bus, codec, subjects
+from shared.contract.messages import TRAINER_STAGES, Event, Sample, TrajectoryGroup
+from shared.model.tinymodel import build_tokenizer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -8,8 +8,8 @@ from sqlalchemy import event, select
 
 from controller import follower, ledger
 from controller.db import Ledger, open_database
-from shared import codec, subjects
-from shared.messages import DeadLetter, Event, PromptTask
+from shared.contract import codec, subjects
+from shared.contract.messages import DeadLetter, Event, PromptTask
 
 RUN = "l1"
 

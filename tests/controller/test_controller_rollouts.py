@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from controller_helpers import AUTH, run_config
 
-from shared import codec, subjects
-from shared.messages import Sample, TrajectoryGroup
-from shared.tinymodel import build_tokenizer
+from shared.contract import codec, subjects
+from shared.contract.messages import Sample, TrajectoryGroup
+from shared.model.tinymodel import build_tokenizer
 
 N = 10_000
 
@@ -139,7 +139,7 @@ def test_the_viewer_decodes_from_tokenizer_json_without_importing_transformers(t
     import sys
 
     from shared.config import ModelConfig
-    from shared.tinymodel import save_tiny
+    from shared.model.tinymodel import save_tiny
 
     model_dir = save_tiny(ModelConfig(), tmp_path / "m")
     tok = build_tokenizer()

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from shared.natsd import EmbeddedNats, free_port  # noqa: E402
+from shared.runtime.natsd import EmbeddedNats, free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def api_schema(tmp_path_factory):
             # not the default run id "demo": a generated `{}` config then creates a run the links can follow
             c.post("/v1/runs", json=run_config("seeded", 0, 2)).raise_for_status()
             c.post("/v1/runs/seeded/enqueues", json={"dataset": "1"}).raise_for_status()
-        schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+        schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=AUTH)  # the spec needs the token
         schema.config.base_url = url
         yield schema
     finally:
@@ -99,7 +99,7 @@ def test_no_input_gives_a_server_error_or_breaks_the_schema(api_schema):
 
 
 def test_openapi_spec_lists_the_v1_routes(api_schema):
-    spec = httpx.get(f"{api_schema.config.base_url}/openapi.json").json()
+    spec = httpx.get(f"{api_schema.config.base_url}/openapi.json", headers=AUTH).json()
     paths = set(spec["paths"])
     for p in ("/v1/datasets", "/v1/datasets/path", "/v1/datasets/hf", "/v1/runs", "/v1/runs/{run}",
               "/v1/runs/{run}/enqueues", "/v1/runs/{run}/metrics", "/v1/runs/{run}/ledger", "/v1/health"):

@@ -1,4 +1,4 @@
-"""The controller as an attacker meets it (issue 16): no host file is readable through the dataset
+"""The controller as an attacker meets it: no host file is readable through the dataset
 routes, no YAML expands or loops, no run id hides a newline, no body is read before the token is
 checked, no read is open, and no secret of a run config lands in the database (which is 0600)."""
 
@@ -19,7 +19,7 @@ import yaml
 from ci_gate import need_module
 from controller_helpers import AUTH, TOKEN, run_config, write_jsonl
 
-from shared.subjects import check_run_id
+from shared.contract.subjects import check_run_id
 
 SQLITE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 HOST_FILE = "/etc/passwd"  # exists on every Linux host
@@ -192,8 +192,8 @@ def test_config_show_redacts_secrets(tmp_path):
 def test_token_is_required_unless_explicitly_off(tmp_path, caplog):
     from controller.api import make_app
     from controller.service import Controller
-    from shared.auth import AuthConfigError
     from shared.config import JetrlConfig
+    from shared.runtime.auth import AuthConfigError
 
     base = {"db_url": f"sqlite:///{tmp_path / 'c.db'}", "data_dir": str(tmp_path / "d")}
     with pytest.raises(AuthConfigError, match="controller.token"):

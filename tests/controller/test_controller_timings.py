@@ -7,8 +7,8 @@ import pytest
 from controller_helpers import AUTH, run_config, wait_for
 
 from launcher.time_report import time_rows, time_table
-from shared import bus, subjects
-from shared.messages import TRAINER_STAGES, Event
+from shared.contract import bus, subjects
+from shared.contract.messages import TRAINER_STAGES, Event
 
 
 def step_data(v: int) -> dict:

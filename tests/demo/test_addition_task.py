@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.addition_task import split, write
+from examples.addition.data import split, write
 from reward_service.scorers import BUILTIN, MODES, load_scorer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_shipped_files_are_the_writers_output(tmp_path):
     paths = write(tmp_path)
     shipped = ROOT / "examples" / "data" / "addition"
     for p in paths.values():
-        assert (shipped / p.name).read_bytes() == p.read_bytes(), f"{p.name}: run python -m launcher.addition_task"
+        assert (shipped / p.name).read_bytes() == p.read_bytes(), f"{p.name}: run python examples/addition/data.py"
     rows = [json.loads(x) for x in (shipped / "heldout.jsonl").read_text().splitlines()]
     assert rows == split()[1]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from ci_gate import need_module
 
-from launcher.demo import DemoOptions, build_config, demo_settings, digit_token_ids
-from launcher.demo_ablation import demo_budget, key_figures, plot_ablation, variants
-from launcher.demo_report import heldout_vs_time, version_times
+from launcher.demo.ablation import demo_budget, key_figures, plot_ablation, variants
+from launcher.demo.report import heldout_vs_time, version_times
+from launcher.demo.run import DemoOptions, build_config, demo_settings, digit_token_ids
 from shared.config import JetrlConfig, load_config
 
 
@@ -20,7 +20,7 @@ def test_sort_settings_limit_answers_to_six_digits_scored_by_the_sort_scorer():
     assert d["rollout"]["sampling"]["max_new_tokens"] == 6
     ids = d["rollout"]["sampling"]["allowed_token_ids"]
     assert ids == digit_token_ids() and len(set(ids)) == 10
-    from shared.tinymodel import build_tokenizer
+    from shared.model.tinymodel import build_tokenizer
 
     assert build_tokenizer().decode(ids) == "0123456789"
     assert demo_settings()["rollout"]["sampling"]["max_new_tokens"] == 1  # maxdigit unchanged

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launcher.demo_task import is_heldout, make_rows, write_dataset
+from launcher.demo.task import is_heldout, make_rows, write_dataset
 from reward_service.scorers.maxdigit import score
 
 

@@ -10,11 +10,11 @@ import pytest
 from eval_helpers import direct_greedy_reward
 from safetensors.torch import save_file
 
-from launcher.demo_task import make_rows, write_jsonl
+from launcher.demo.task import make_rows, write_jsonl
 from rollout_service.evaluation.session import EvalError, eval_once, stored_versions
 from shared.config import JetrlConfig
 from shared.config.eval import EvalConfig
-from shared.tinymodel import build_tiny_model
+from shared.model.tinymodel import build_tiny_model
 from weight_store.storage import Storage
 
 

@@ -8,14 +8,14 @@ import time
 import pytest
 from eval_helpers import direct_greedy_reward
 
-from launcher.demo_task import make_rows, write_jsonl
+from launcher.demo.task import make_rows, write_jsonl
 from rollout_service.evaluation.session import eval_once
-from shared import subjects
-from shared.codec import decode
 from shared.config import JetrlConfig
 from shared.config.eval import EvalConfig
-from shared.messages import Event
-from shared.tinymodel import load_policy
+from shared.contract import subjects
+from shared.contract.codec import decode
+from shared.contract.messages import Event
+from shared.model.tinymodel import load_policy
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.demo import demo_settings
+from launcher.demo.run import demo_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

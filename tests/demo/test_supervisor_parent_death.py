@@ -1,4 +1,4 @@
-"""A supervisor killed with SIGKILL takes its children down (shared/parent_death.py): the `jetrl nats` child
+"""A supervisor killed with SIGKILL takes its children down (shared/runtime/parent_death.py): the `jetrl nats` child
 that `jetrl up` starts gets SIGTERM and stops its nats-server, and a child's own children do not take the
 supervisor's mark for theirs."""
 
@@ -14,9 +14,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from launcher.fault_scenario import alive  # a zombie nobody has reaped yet counts as gone
-from shared.natsd import free_port
-from shared.parent_death import SUPERVISOR_ENV
+from shared.runtime.natsd import free_port
+from shared.runtime.parent_death import SUPERVISOR_ENV
+from testkit.fault_scenario import alive  # a zombie nobody has reaped yet counts as gone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def test_a_sigkilled_supervisor_takes_its_nats_child_and_the_server_down(tmp_pat
 
 GRANDPARENT = textwrap.dedent(f"""
     import os, subprocess, sys, time
-    from shared.parent_death import die_with_supervisor
+    from shared.runtime.parent_death import die_with_supervisor
     die_with_supervisor()
     # what the child's own child sees: the mark must be gone
     out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get({SUPERVISOR_ENV!r}, '-'))"],

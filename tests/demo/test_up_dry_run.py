@@ -6,7 +6,7 @@ import sys
 
 import yaml
 
-from launcher.up import UpOptions, plan, resolve_config
+from launcher.plan import UpOptions, plan, resolve_config
 from shared.config import JetrlConfig, load_config
 
 

@@ -9,7 +9,8 @@ import httpx
 import nats
 import pytest
 
-from launcher.up import Launcher, UpOptions, poll_until
+from launcher.plan import UpOptions
+from launcher.up import Launcher, poll_until
 from shared.config import JetrlConfig, load_config
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ async def test_up_starts_restarts_and_stops_every_service(tmp_path):
 
 
 async def _everything_needs_the_runs_credentials(launcher: Launcher) -> None:
-    """Authenticated by default (issue 16): the run's generated credentials are in 0600 files, the config
+    """Authenticated by default: the run's generated credentials are in 0600 files, the config
     and the command lines hold none of them, and an anonymous client gets nowhere."""
     r = launcher.resolved
     secret_files = [r.controller.token_file, r.weights.token_file, r.nats.password_file]

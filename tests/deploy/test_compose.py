@@ -15,7 +15,7 @@ import nats
 import pytest
 
 from shared.config import JetrlConfig, load_config
-from shared.natsd import free_port, nats_server_binary
+from shared.runtime.natsd import free_port, nats_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
@@ -34,8 +34,13 @@ def compose_binary() -> str:
     return str(binary)
 
 
+from shared.runtime.nats_permissions import ROLES, env_var  # noqa: E402
+
 SECRETS_ENV = {"JETRL_CONTROLLER_TOKEN": "ctl-tok-0123456789", "JETRL_WEIGHTS_TOKEN": "wts-tok-0123456789",
-               "JETRL_NATS_PASSWORD": "nats-pw-0123456789"}
+               **{env_var(r): f"nats-pw-{r}-0123456789" for r in ROLES}}
+# The NATS user each container connects as (the weight store does not use NATS).
+NATS_ROLE = {"controller": "controller", "reward": "reward", "rollout": "rollout", "rollout-gpu": "rollout",
+             "trainer": "trainer"}
 
 
 def compose_config(path: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -68,8 +73,16 @@ def test_every_jetrl_container_gets_the_credentials(services):
         env = services[name]["environment"]
         assert env["JETRL__CONTROLLER__TOKEN"] == SECRETS_ENV["JETRL_CONTROLLER_TOKEN"], name
         assert env["JETRL__WEIGHTS__TOKEN"] == SECRETS_ENV["JETRL_WEIGHTS_TOKEN"], name
-        assert env["JETRL__NATS__USER"] == "jetrl" and env["JETRL__NATS__PASSWORD"] == SECRETS_ENV["JETRL_NATS_PASSWORD"]
-    assert services["nats"]["environment"]["JETRL_NATS_PASSWORD"] == SECRETS_ENV["JETRL_NATS_PASSWORD"]
+        role = NATS_ROLE.get(name)
+        if role:  # its own NATS user and password; only the controller manages the streams
+            assert env["JETRL__NATS__USER"] == f"jetrl-{role}", name
+            assert env["JETRL__NATS__PASSWORD"] == SECRETS_ENV[env_var(role)], name
+            assert env["JETRL__STREAMS__MANAGE"] == ("true" if role == "controller" else "false"), name
+        else:
+            assert "JETRL__NATS__PASSWORD" not in env, name
+    nats_env = services["nats"]["environment"]
+    assert {k: nats_env[k] for k in nats_env if k.startswith("JETRL_NATS_")} == {
+        env_var(r): SECRETS_ENV[env_var(r)] for r in ROLES}
 
 
 def test_jetrl_secrets_writes_a_private_env_file_compose_accepts(tmp_path):
@@ -81,8 +94,8 @@ def test_jetrl_secrets_writes_a_private_env_file_compose_accepts(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     values = dict(line.split("=", 1) for line in env_file.read_text().split())
-    assert set(values) == {"JETRL_CONTROLLER_TOKEN", "JETRL_WEIGHTS_TOKEN", "JETRL_NATS_USER", "JETRL_NATS_PASSWORD"}
-    assert all(len(v) >= 32 for k, v in values.items() if k != "JETRL_NATS_USER")
+    assert set(values) == {"JETRL_CONTROLLER_TOKEN", "JETRL_WEIGHTS_TOKEN", *(env_var(r) for r in ROLES)}
+    assert all(len(v) >= 32 for v in values.values()) and len(set(values.values())) == len(values)
     ok = subprocess.run([compose_binary(), "-f", str(COMPOSE), "--env-file", str(env_file), "config", "--format",
                          "json"], capture_output=True, text=True, timeout=60,
                         env={k: v for k, v in os.environ.items() if not k.startswith("JETRL_")})
@@ -130,11 +143,11 @@ def test_each_container_command_is_a_real_jetrl_subcommand_with_valid_config(nam
 async def test_the_compose_nats_config_runs_with_jetstream_and_an_8_mib_max_payload(tmp_path):
     port, mport = free_port(), free_port()
     text = (ROOT / "compose" / "nats.conf").read_text()
-    text = text.replace("0.0.0.0:4222", f"127.0.0.1:{port}").replace("0.0.0.0:8222", f"127.0.0.1:{mport}")
+    text = text.replace("0.0.0.0:4222", f"127.0.0.1:{port}").replace("127.0.0.1:8222", f"127.0.0.1:{mport}")
     text = text.replace("store_dir: /data", f'store_dir: "{tmp_path / "js"}"')
     conf = tmp_path / "nats.conf"
     conf.write_text(text)
-    env = {**os.environ, "JETRL_NATS_USER": "jetrl", "JETRL_NATS_PASSWORD": SECRETS_ENV["JETRL_NATS_PASSWORD"]}
+    env = {**os.environ, **SECRETS_ENV}
     proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=env)
     try:
@@ -142,7 +155,7 @@ async def test_the_compose_nats_config_runs_with_jetstream_and_an_8_mib_max_payl
         for _ in range(100):
             try:
                 nc = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=1, allow_reconnect=False,
-                                        user="jetrl", password=SECRETS_ENV["JETRL_NATS_PASSWORD"])
+                                        user="jetrl-admin", password=SECRETS_ENV[env_var("admin")])
                 break
             except Exception:
                 import asyncio
@@ -153,6 +166,18 @@ async def test_the_compose_nats_config_runs_with_jetstream_and_an_8_mib_max_payl
         info = await nc.jetstream().account_info()
         assert info is not None
         await nc.close()
+        # the rollout user of the compose config may not delete streams (every run: "*")
+        errors = []
+
+        async def on_error(exc):
+            errors.append(str(exc))
+
+        w = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=1, allow_reconnect=False,
+                               user="jetrl-rollout", password=SECRETS_ENV[env_var("rollout")], error_cb=on_error)
+        with pytest.raises(Exception):  # noqa: B017 - the request is dropped: a timeout
+            await w.jetstream(timeout=1).delete_stream("PROMPTS")
+        await w.close()
+        assert any("permissions violation" in e.lower() and "stream.delete" in e.lower() for e in errors), errors
         with pytest.raises(Exception):  # noqa: B017 - anonymous clients are refused (nats-py's own error types)
             await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=1, allow_reconnect=False,
                                max_reconnect_attempts=0)

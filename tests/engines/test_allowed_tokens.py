@@ -16,7 +16,7 @@ from rollout_service.engines import GenerateRequest, SamplingParams, make_engine
 from rollout_service.engines.sglang import generate_body
 from rollout_service.engines.vllm import completion_body, server_args
 from shared.config import ConfigError, JetrlConfig, load_config
-from shared.logits_mask import MASKED, allowed_vector, mask_logits
+from shared.model.logits_mask import MASKED, allowed_vector, mask_logits
 
 DIGITS = list(range(4, 14))  # "0".."9" in the tiny character tokenizer
 

@@ -15,7 +15,7 @@ from rollout_service.engines.local import LocalEngine
 from rollout_service.engines.sglang import SglangEngine, generate_body
 from rollout_service.engines.vllm import VllmEngine, vllm_lora_rank
 from shared.config import JetrlConfig
-from shared.natsd import free_port
+from shared.runtime.natsd import free_port
 
 
 def _cfg(lora_dirs, **rollout) -> JetrlConfig:

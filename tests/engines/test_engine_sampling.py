@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollout_service.engines.base import SamplingParams
-from rollout_service.engines.sampling import StopChecker, check_sampling, make_generator, sample_rows
+from rollout_service.engines.base import SamplingParams, check_sampling
+from rollout_service.engines.sampling import StopChecker, make_generator, sample_rows
 
 LOGITS = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
 

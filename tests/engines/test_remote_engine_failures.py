@@ -20,7 +20,7 @@ from rollout_service.engines.base import EngineDead, GenerateRequest, SamplingPa
 from rollout_service.engines.remote import CONNECTION_ERRORS
 from rollout_service.engines.vllm import VllmEngine
 from shared.config import JetrlConfig
-from shared.natsd import free_port
+from shared.runtime.natsd import free_port
 
 
 async def test_the_server_loads_a_private_snapshot_so_retention_cannot_delete_it_mid_swap(tiny_dirs, tmp_path):

@@ -50,6 +50,32 @@ async def test_vllm_pause_resume_and_abort(engine):
     await check_pause_resume_abort(engine)
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+async def test_vllm_refuses_prompts_over_its_context_and_aborts_a_cancelled_request(engine, vllm_server):
+    """The context the server lists bounds prompts (refused before a request is sent), and a caller
+    that goes away (an agent's client disconnected) does not leave its request generating on the server."""
+    import asyncio
+
+    from rollout_service.engines.base import GenerateRequest, PromptTooLong
+
+    assert engine.context_tokens == 256 and engine.max_prompt_tokens == 255  # --max-model-len of the fixture
+    with pytest.raises(PromptTooLong):
+        await engine.generate(GenerateRequest(prompt_ids=[5] * 256, sampling=SamplingParams(max_new_tokens=1)))
+    p0 = await vllm_generation_tokens(vllm_server.url)
+    tasks = [asyncio.create_task(engine.generate(GenerateRequest(
+        prompt_ids=[5, 6, 7 + i], sampling=SamplingParams(max_new_tokens=250, ignore_eos=True)))) for i in range(16)]
+    await asyncio.sleep(0.1)  # on the server (vLLM's token counter lags, so it cannot tell when)
+    assert not any(t.done() for t in tasks), "the requests ended before they could be cancelled"
+    for t in tasks:
+        t.cancel()
+    await asyncio.sleep(1.0)
+    p1 = await vllm_generation_tokens(vllm_server.url)
+    await asyncio.sleep(1.0)
+    p2 = await vllm_generation_tokens(vllm_server.url)
+    assert p1 == p2 and p2 - p0 < 16 * 250, (p0, p1, p2)  # aborted on the server: no token after the cancel settled
+
+
 def test_vllm_request_and_response_mapping():
     body = completion_body("m", "r1-0", [1, 2], SamplingParams(top_k=0, stop=["x"], seed=3, max_new_tokens=5))
     assert body["prompt"] == [1, 2] and body["top_k"] == -1 and body["max_tokens"] == 5 and body["seed"] == 3

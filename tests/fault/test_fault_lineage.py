@@ -1,6 +1,6 @@
-"""The lineage check of the fault suite (launcher/fault_scenario.py), on hand-made trainer events."""
+"""The lineage check of the fault suite (testkit/fault_scenario.py), on hand-made trainer events."""
 
-from launcher.fault_scenario import lineage, trained_twice
+from testkit.fault_scenario import lineage, trained_twice
 
 
 def groups(t: float, step: int, *ids: str) -> dict:

@@ -1,4 +1,4 @@
-"""Issue 10, the fault suite: one demo-sized `jetrl up` run (launcher/fault_scenario.py) in which each
+"""The fault suite: one demo-sized `jetrl up` run (testkit/fault_scenario.py) in which each
 service is SIGKILLed once, one at a time, while work flows; then poison messages on every consumed
 stream; then the run must finish with its books balanced.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from launcher.fault_scenario import FAULTS, FaultScenario
+from testkit.fault_scenario import FAULTS, FaultScenario
 
 # The scenario's own deadlines (150 s a phase, 300 s for the end) fail first, with the services' logs.
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]

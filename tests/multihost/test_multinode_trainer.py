@@ -17,9 +17,9 @@ from torch.testing import assert_close
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 from trainer_testlib import make_group, publish_groups, trainer_overrides  # noqa: E402
 
-from shared import bus  # noqa: E402
 from shared.config import NatsConfig, StreamsConfig  # noqa: E402
-from shared.credentials import new_token, write_private  # noqa: E402
+from shared.contract import bus  # noqa: E402
+from shared.runtime.credentials import new_token, write_private  # noqa: E402
 
 CLI = [sys.executable, "-m", "launcher.cli"]
 STEPS, BATCH = 2, 2

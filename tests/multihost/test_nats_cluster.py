@@ -1,16 +1,18 @@
 """Three `jetrl nats --cluster` nodes on three hosts: the jetrl streams and the weights KV bucket are
 created with three replicas, and killing every process on the host of the PROMPTS stream leader loses no
-acknowledged message; the node comes back on its store dir and catches up."""
+acknowledged message; the node comes back on its store dir and catches up. Clients are the cluster's
+per-service users: the controller creates the R3 streams, a rollout worker may not delete them."""
 
 from __future__ import annotations
 
 import asyncio
 
+import nats
 import pytest
 
 from multihost.cluster import NatsCluster
-from shared import bus, subjects
 from shared.config import StreamsConfig
+from shared.contract import bus, subjects
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -18,12 +20,30 @@ pytestmark = pytest.mark.timeout(180)
 async def test_r3_streams_and_kv_survive_the_loss_of_the_stream_leaders_host(hostnet, tmp_path):
     net = hostnet(["n1", "n2", "n3"])
     cluster = NatsCluster(net, {"n1": "n1", "n2": "n2", "n3": "n3"}, tmp_path / "nats").start_all()
-    nc = await bus.connect(cluster.client_config(reconnect_wait_s=0.1, max_reconnect_wait_s=0.5),
+    ctl = await bus.connect(cluster.client_config("controller"), name="cluster-controller")
+    try:  # the controller's user creates the streams (every other service only binds to them)
+        created = await bus.ensure_streams(ctl.jetstream(), StreamsConfig(replicas=3, duplicate_window_s=120))
+        assert set(created.values()) == {"created"}
+    finally:
+        await ctl.close()
+    errors = []
+
+    async def on_error(exc):
+        errors.append(str(exc))
+
+    worker = await nats.connect(cluster.urls, user="jetrl-rollout", connect_timeout=2, allow_reconnect=False,
+                                password=(cluster.users_dir / "rollout.password").read_text().strip(),
+                                error_cb=on_error)
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - the server drops the request: a timeout
+            await worker.jetstream(timeout=1).delete_stream(subjects.PROMPTS_STREAM)
+    finally:
+        await worker.close()
+    assert any("permissions violation" in e.lower() for e in errors), errors
+    nc = await bus.connect(cluster.client_config("admin", reconnect_wait_s=0.1, max_reconnect_wait_s=0.5),
                            name="cluster-test")
     try:
         js = nc.jetstream()
-        created = await bus.ensure_streams(js, StreamsConfig(replicas=3, duplicate_window_s=120))
-        assert set(created.values()) == {"created"}
         for name in created:
             info = await js.stream_info(name)
             assert info.config.num_replicas == 3

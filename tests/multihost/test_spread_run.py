@@ -1,4 +1,4 @@
-"""Issue 19: one run spread over five hosts (network namespaces on a private bridge, multihost/spread.py):
+"""One run spread over five hosts (network namespaces on a private bridge, multihost/spread.py):
 controller + NATS n1 on a, weight store + n2 on b, trainer + n3 on c, a rollout worker and a reward replica
 on each of d and e; R3 streams; workers fetch weights over HTTP across the bridge. While it trains: one
 NATS node is SIGKILLed, host d's link is cut for 20 s, every process on host e is killed, and a worker on a

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from reward_service.service import RewardService
-from shared import bus
 from shared.config import JetrlConfig, NatsConfig, RewardConfig
+from shared.contract import bus
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

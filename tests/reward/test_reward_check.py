@@ -12,8 +12,8 @@ from nats.micro import add_service
 from reward_fixtures import ROOT, replicas, run_config
 
 from reward_service.check import KnownCase, load_cases, run_check
-from shared import codec, subjects
-from shared.messages import RewardRequest, RewardResult
+from shared.contract import codec, subjects
+from shared.contract.messages import RewardRequest, RewardResult
 
 
 @pytest.mark.parametrize("task", ["exact", "gsm8k", "maxdigit", "sort", "regex",

@@ -15,7 +15,7 @@ def test_serve_with_an_unknown_task_and_no_scorer_exits_2_naming_the_field():
 
 def test_serve_with_an_unimportable_custom_scorer_exits_2():
     out = CliRunner().invoke(build_app(), ["reward", "serve", "--task", "mine", "reward.scorer=no_such_pkg_xyz:fn"])
-    assert out.exit_code == 2 and "cannot import module 'no_such_pkg_xyz'" in out.output
+    assert out.exit_code == 2 and "'no_such_pkg_xyz:fn': no module named 'no_such_pkg_xyz'" in out.output
 
 
 def test_serve_with_an_invalid_task_name_exits_2():

@@ -97,9 +97,9 @@ def test_scorer_paths_resolve_and_bad_ones_name_the_problem():
     assert scorer_ref("gsm8k") == "reward_service.scorers.gsm8k:score"
     with pytest.raises(ScorerError, match="no built-in scorer"):
         scorer_ref("nope")
-    with pytest.raises(ScorerError, match="package.module:function"):
+    with pytest.raises(ScorerError, match="package.module:name"):
         load_scorer("just_a_name")
-    with pytest.raises(ScorerError, match="cannot import module"):
+    with pytest.raises(ScorerError, match="no module named"):
         load_scorer("no_such_module_xyz:fn")
     with pytest.raises(ScorerError, match="has no attribute"):
         load_scorer("reward_service.scorers.exact:nope")

@@ -11,9 +11,9 @@ from prometheus_client import generate_latest
 from reward_fixtures import replicas, run_config
 
 from reward_service.client import RewardClient
-from shared import bus, codec, subjects
 from shared.config import RewardConfig
-from shared.messages import Event, RewardRequest, RewardResult
+from shared.contract import bus, codec, subjects
+from shared.contract.messages import Event, RewardRequest, RewardResult
 
 
 async def test_a_group_is_scored_in_one_request(nats_config, nc):

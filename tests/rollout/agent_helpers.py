@@ -10,7 +10,7 @@ from rollout_service.engines.base import GenerateRequest
 from rollout_service.tools import ToolRegistry
 from rollout_service.workflows.base import WorkflowContext
 from shared.config import JetrlConfig
-from shared.messages import PromptTask
+from shared.contract.messages import PromptTask
 
 
 def agent_config(**rollout) -> JetrlConfig:
@@ -45,6 +45,22 @@ async def endpoint(engine, tokenizer, cfg: JetrlConfig | None = None):
         yield server
     finally:
         await server.close()
+
+
+@contextlib.asynccontextmanager
+async def tiny_endpoint(cfg: JetrlConfig | None = None):
+    """The tiny policy in the local engine behind the endpoint, with a Recording: (server, recording, tokenizer)."""
+    from rollout_service.engines.local import LocalEngine
+
+    cfg = cfg or agent_config()
+    engine = LocalEngine(cfg)
+    await engine.start()
+    rec = Recording(engine)
+    try:
+        async with endpoint(engine, engine.tokenizer, cfg) as server:
+            yield server, rec, engine.tokenizer
+    finally:
+        await engine.close()
 
 
 def task(prompt: str = "max 3 8 1 =", reference="8") -> PromptTask:

@@ -10,7 +10,7 @@ import string
 from collections.abc import Callable
 
 from rollout_service.engines.base import Engine, GenerateRequest, GenerateResult
-from shared.messages import RewardResult
+from shared.contract.messages import RewardResult
 
 QWEN_LIKE_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
@@ -156,8 +156,8 @@ def worker_config(nats_url: str, run: str = "r1", **rollout):
 
 async def publish_prompts(js, nc, run: str, n: int, start: int = 0, group_size: int = 2,
                           released_at_version: int = 0) -> list[str]:
-    from shared import bus, subjects
-    from shared.messages import PromptTask
+    from shared.contract import bus, subjects
+    from shared.contract.messages import PromptTask
 
     ids = []
     for i in range(start, start + n):
@@ -173,8 +173,8 @@ async def read_groups(js, run: str):
     """Every TrajectoryGroup in the TRAJECTORIES stream for `run` (in stream order)."""
     from nats.js.errors import NotFoundError
 
-    from shared import codec, subjects
-    from shared.messages import TrajectoryGroup
+    from shared.contract import codec, subjects
+    from shared.contract.messages import TrajectoryGroup
 
     info = await js.stream_info(subjects.TRAJECTORIES_STREAM)
     out = []
@@ -215,15 +215,15 @@ class KVWeights:
         self.fetched: list[int] = []
 
     async def announce(self, version: int) -> None:
-        from shared import codec, subjects
-        from shared.messages import WeightVersion
+        from shared.contract import codec, subjects
+        from shared.contract.messages import WeightVersion
 
         kv = await self.js.key_value(subjects.WEIGHTS_KV_BUCKET)
         await kv.put(self.run, codec.encode(WeightVersion(run=self.run, version=version)))
 
     async def watch(self):
-        from shared import codec, subjects
-        from shared.messages import WeightVersion
+        from shared.contract import codec, subjects
+        from shared.contract.messages import WeightVersion
 
         kv = await self.js.key_value(subjects.WEIGHTS_KV_BUCKET)
         w = await kv.watch(self.run)
@@ -234,8 +234,8 @@ class KVWeights:
     async def latest(self):
         from nats.js.errors import KeyNotFoundError
 
-        from shared import codec, subjects
-        from shared.messages import WeightVersion
+        from shared.contract import codec, subjects
+        from shared.contract.messages import WeightVersion
 
         kv = await self.js.key_value(subjects.WEIGHTS_KV_BUCKET)
         try:

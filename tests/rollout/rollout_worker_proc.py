@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_doubles import ScriptedEngine, worker_config  # noqa: E402
 
 from rollout_service.service import RolloutWorker  # noqa: E402
-from shared.tinymodel import build_tokenizer  # noqa: E402
+from shared.model.tinymodel import build_tokenizer  # noqa: E402
 
 
 async def main(url: str, run: str) -> None:

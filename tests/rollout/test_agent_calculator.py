@@ -16,7 +16,7 @@ from examples.agents.calculator.data import split
 from rollout_service.agents.trajectory import episode_samples
 from rollout_service.evaluation.evaluator import Evaluator
 from shared.config.eval import EvalConfig
-from shared.messages import PromptTask
+from shared.contract.messages import PromptTask
 
 # SmolLM2-135M-Instruct's chat template: it ignores tools= (the endpoint then puts the tool preamble in the
 # system message) and renders a tool message as its own turn.
@@ -115,7 +115,7 @@ async def test_eval_runs_agent_episodes_greedily_and_reports_tool_use():
     finally:
         await ev.close()
     assert (result.pass_at_1, result.reward, result.errors) == (0.5, 0.5, 0)  # even A: tool, then right
-    assert (result.tool_call_rate, result.calls_per_episode) == (0.5, 1.5)
+    assert (result.tool_call_rate, result.calls_per_episode, result.tool_calls_per_episode) == (0.5, 1.5, 0.5)
     assert temperatures == [0.0] * 6  # greedy by default, though the run samples at 1.0
     assert result.completions == [[str(200 * 111)], ["12"], [str(402 * 111)], ["12"]]
-    assert "tool calls in 0.500 of episodes, 1.50 calls each" in result.line()
+    assert "tool calls in 0.500 of episodes, 1.50 model calls and 0.50 tool calls each" in result.line()

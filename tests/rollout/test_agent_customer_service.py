@@ -17,7 +17,7 @@ from examples.agents.customer_service.data import make_task
 from examples.agents.customer_service.reward import score_episode
 from examples.agents.customer_service.shop import Shop
 from rollout_service.agents.trajectory import episode_samples
-from shared.messages import PromptTask
+from shared.contract.messages import PromptTask
 
 ORDERS = {"A1": {"item": "blue mug", "status": "delivered", "days_since_delivery": 3},
           "B2": {"item": "notebook", "status": "shipped", "days_since_delivery": None}}
@@ -88,6 +88,8 @@ async def test_one_customer_service_episode_end_to_end_through_the_endpoint():
     ["-m", "examples.agents.customer_service.data"],  # as its README and configs say (it imports examples.*)
     ["examples/agents/search/data.py"],
     ["examples/agents/calculator/data.py"],
+    ["examples/agents/chain/data.py"],
+    ["examples/addition/data.py"],
 ])
 def test_the_documented_data_commands_run_from_the_repository_root(argv, tmp_path):
     import subprocess

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from ci_gate import node_project
 
-from launcher.demo_task import write_dataset
-from launcher.up import Launcher, UpOptions, poll_until
+from launcher.demo.task import write_dataset
+from launcher.plan import UpOptions
+from launcher.up import Launcher, poll_until
 from shared.config import JetrlConfig
 
 pytestmark = pytest.mark.slow

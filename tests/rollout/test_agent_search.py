@@ -15,7 +15,7 @@ from examples.agents.search import agent
 from examples.agents.search.data import make_world, write
 from examples.agents.search.reward import episode_reward, score_answer
 from rollout_service.agents.trajectory import episode_samples
-from shared.messages import PromptTask
+from shared.contract.messages import PromptTask
 
 
 def test_every_question_is_answered_by_two_passages_of_the_corpus():

@@ -21,7 +21,7 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    from shared.model_import import import_gguf, smollm2_gguf
+    from shared.model.model_import import import_gguf, smollm2_gguf
 
     return import_gguf(smollm2_gguf(), tmp_path_factory.mktemp("smollm2") / "model")
 

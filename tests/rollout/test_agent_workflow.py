@@ -14,9 +14,9 @@ from rollout_doubles import MaxDigitReward, ScriptedEngine, read_groups, wait_fo
 from rollout_service.service import RolloutWorker
 from rollout_service.workflows.agent import AgentWorkflow
 from rollout_service.workflows.loader import WorkflowLoadError, load_workflow
-from shared import bus, codec, subjects
-from shared.messages import DeadLetter, PromptTask
-from shared.tinymodel import build_tokenizer
+from shared.contract import bus, codec, subjects
+from shared.contract.messages import DeadLetter, PromptTask
+from shared.model.tinymodel import build_tokenizer
 
 RUN = "ag"
 HERE = Path(__file__).resolve().parent

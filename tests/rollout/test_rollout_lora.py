@@ -14,10 +14,10 @@ from rollout_doubles import ScriptedEngine, worker_config
 from rollout_service.engines.base import GenerateRequest, SamplingParams
 from rollout_service.engines.local import LocalEngine
 from rollout_service.service import RolloutWorker
-from shared import bus, codec, subjects
 from shared.config import JetrlConfig, load_config
-from shared.messages import Event
-from shared.tinymodel import build_tokenizer, load_policy
+from shared.contract import bus, codec, subjects
+from shared.contract.messages import Event
+from shared.model.tinymodel import build_tokenizer, load_policy
 from tests.trainer.fsdp_step_worker import fixed_items
 from tests.weights.weights_helpers import ThreadServer, raw_request, store_config
 from trainer_service.backends.fsdp import FSDPBackend

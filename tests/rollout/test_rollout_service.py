@@ -19,9 +19,9 @@ from rollout_doubles import (
 from reward_service.service import RewardService
 from rollout_service.engines.base import EngineDead
 from rollout_service.service import RolloutWorker
-from shared import bus, codec, subjects
-from shared.messages import Event
-from shared.tinymodel import build_tokenizer
+from shared.contract import bus, codec, subjects
+from shared.contract.messages import Event
+from shared.model.tinymodel import build_tokenizer
 
 RUN = "r1"
 

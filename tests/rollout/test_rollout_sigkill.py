@@ -14,8 +14,8 @@ from rollout_doubles import ScriptedEngine, publish_prompts, read_groups, wait_f
 
 from reward_service.service import RewardService
 from rollout_service.service import RolloutWorker
-from shared import bus, subjects
-from shared.tinymodel import build_tokenizer
+from shared.contract import bus, subjects
+from shared.model.tinymodel import build_tokenizer
 
 RUN = "rk"
 HERE = Path(__file__).resolve().parent

@@ -15,10 +15,10 @@ from rollout_service.workflows import WorkflowContext, WorkflowLoadError, load_w
 from rollout_service.workflows.multi_turn import MultiTurnWorkflow
 from rollout_service.workflows.single_turn import SingleTurnWorkflow
 from rollout_service.workflows.tool_agent import ToolAgentWorkflow
-from shared.bus import Transient
 from shared.config import JetrlConfig
-from shared.messages import PromptTask
-from shared.tinymodel import build_tokenizer
+from shared.contract.consumer import Transient
+from shared.contract.messages import PromptTask
+from shared.model.tinymodel import build_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -209,7 +209,7 @@ async def test_user_workflow_from_an_import_path_runs(monkeypatch):
     ("no_such_pkg.mod:Wf", "no module named 'no_such_pkg'"),
     ("examples.workflows.countdown:Nope", "has no attribute 'Nope'.*CountdownWorkflow"),
     ("examples.workflows.countdown:countdown_reward", "is a function, not a class"),
-    ("shared.messages:Sample", "needs `async def run"),
+    ("shared.contract.messages:Sample", "needs `async def run"),
     ("rollout_service.workflows.base:Workflow", "is abstract"),
     ("singleturn", "not a built-in workflow"),
     ("./missing.py:Wf", "does not exist"),

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from nats.js import api
 
-from shared import bus, codec, subjects
-from shared.messages import DeadLetter, Sample, TrajectoryGroup
+from shared.contract import bus, codec, consumer, subjects
+from shared.contract.messages import DeadLetter, Sample, TrajectoryGroup
 
 RUN = "t1"
 SUBJECT = subjects.trajectories(RUN)
@@ -22,9 +22,9 @@ def group(prompt_id: str) -> TrajectoryGroup:
     return TrajectoryGroup(run=RUN, prompt_id=prompt_id, epoch=0, samples=[s])
 
 
-def loop_for(js, nc, handler, **kw) -> bus.ConsumerLoop:
+def loop_for(js, nc, handler, **kw) -> consumer.ConsumerLoop:
     kw.setdefault("durable", subjects.trainer_consumer(RUN))
-    return bus.ConsumerLoop(js, nc, run=RUN, stream=subjects.TRAJECTORIES_STREAM, subject=SUBJECT,
+    return consumer.ConsumerLoop(js, nc, run=RUN, stream=subjects.TRAJECTORIES_STREAM, subject=SUBJECT,
                             handler=handler, expect=TrajectoryGroup, fetch_timeout_s=0.2, **kw)
 
 
@@ -36,7 +36,7 @@ async def wait_until(cond, timeout: float = 30.0, what: str = "condition") -> No
 
 
 @contextlib.asynccontextmanager
-async def running(loop: bus.ConsumerLoop):
+async def running(loop: consumer.ConsumerLoop):
     task = asyncio.create_task(loop.run())
     try:
         yield task
@@ -150,7 +150,7 @@ async def test_message_failing_max_deliver_times_goes_to_the_dlq_with_reason_and
 
     async def failing(g, msg):
         attempts.append(msg.metadata.num_delivered)
-        raise bus.Transient("reward service down")
+        raise consumer.Transient("reward service down")
 
     await bus.publish(js, nc, SUBJECT, group("poison"), msg_id="poison")
     original = codec.encode(group("poison"))
@@ -212,7 +212,7 @@ async def test_can_fetch_holds_back_fetching(js, nc):
 
 
 def test_consumer_config_is_explicit_ack_with_the_loops_ack_wait():
-    loop = bus.ConsumerLoop(None, None, run=RUN, stream="S", subject="x", durable="d", handler=None,
+    loop = consumer.ConsumerLoop(None, None, run=RUN, stream="S", subject="x", durable="d", handler=None,
                             ack_wait_s=7.0, max_in_flight=300)
     cfg = loop.consumer_config()
     assert cfg.ack_policy == api.AckPolicy.EXPLICIT and cfg.ack_wait == 7.0 and cfg.durable_name == "d"
@@ -222,8 +222,8 @@ def test_consumer_config_is_explicit_ack_with_the_loops_ack_wait():
 def test_a_dead_letter_source_over_the_token_limit_is_refused_when_the_loop_is_made(js, nc):
     run = "r" * 64  # the longest run id: `controller-events-<run>` would be 82 characters
     with pytest.raises(ValueError, match="dead-letter source 'controller-events-r+' is invalid"):
-        bus.ConsumerLoop(js, nc, run=run, stream=subjects.EVENTS_STREAM, subject=subjects.events_all(run),
+        consumer.ConsumerLoop(js, nc, run=run, stream=subjects.EVENTS_STREAM, subject=subjects.events_all(run),
                      durable=subjects.controller_events_consumer(run), handler=None)
-    loop = bus.ConsumerLoop(js, nc, run=run, stream=subjects.EVENTS_STREAM, subject=subjects.events_all(run),
+    loop = consumer.ConsumerLoop(js, nc, run=run, stream=subjects.EVENTS_STREAM, subject=subjects.events_all(run),
                         durable=subjects.controller_events_consumer(run), handler=None, source="controller-events")
     assert subjects.dlq(run, loop.source) == f"jetrl.{run}.dlq.controller-events"

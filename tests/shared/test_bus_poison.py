@@ -1,4 +1,4 @@
-"""A poison message never locks a consumer out (issue 16): a message just under max_payload whose dead
+"""A poison message never locks a consumer out: a message just under max_payload whose dead
 letter would not fit is dead-lettered without its payload (reason, headers, size and sha256 kept), the
 connection stays up and the next message is handled; a consumer whose connection is closed for good
 stops with ConnectionClosed instead of retrying for ever."""
@@ -11,9 +11,9 @@ import hashlib
 import pytest
 from test_bus_consumer import RUN, SUBJECT, dead_letters, group, loop_for, running, wait_until
 
-from shared import bus, codec, subjects
 from shared.config import NatsConfig, StreamsConfig
-from shared.natsd import EmbeddedNats
+from shared.contract import bus, codec, consumer, subjects
+from shared.runtime.natsd import EmbeddedNats
 
 MAX = 1 << 20  # a 1 MiB server: the same arithmetic as the default 8 MiB, with less to write
 
@@ -76,7 +76,7 @@ async def test_publish_counts_headers_against_max_payload(small_bus):
 async def test_a_consumer_on_a_closed_connection_stops_with_connection_closed(js, nc):
     loop = loop_for(js, nc, lambda g, m: asyncio.sleep(0))
     await nc.close()
-    with pytest.raises(bus.ConnectionClosed):
+    with pytest.raises(consumer.ConnectionClosed):
         await asyncio.wait_for(loop.run(), 10)
 
 
@@ -85,7 +85,7 @@ async def test_a_rejected_message_is_dead_lettered_at_once(js, nc):
 
     async def handler(g, msg):
         calls.append(g.prompt_id)
-        raise bus.Reject("group_size 200000 is outside 1..256")
+        raise consumer.Reject("group_size 200000 is outside 1..256")
 
     await bus.publish(js, nc, SUBJECT, group("huge"), msg_id=f"{RUN}:0:huge")
     loop = loop_for(js, nc, handler, source="trainer", max_deliver=5)

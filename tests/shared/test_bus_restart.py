@@ -8,8 +8,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from shared import bus, subjects
-from shared.messages import Sample, TrajectoryGroup
+from shared.contract import bus, consumer, subjects
+from shared.contract.messages import Sample, TrajectoryGroup
 
 RUN = "crash"
 SUBJECT = subjects.trajectories(RUN)
@@ -50,7 +50,7 @@ async def test_sigkilled_server_restarted_on_same_store_loses_no_acked_message_a
             await gate.wait()  # hold the rest in flight while the server dies
         handled.add(g.prompt_id)
 
-    loop = bus.ConsumerLoop(js, nc, run=RUN, stream=subjects.TRAJECTORIES_STREAM, subject=SUBJECT,
+    loop = consumer.ConsumerLoop(js, nc, run=RUN, stream=subjects.TRAJECTORIES_STREAM, subject=SUBJECT,
                             durable=subjects.trainer_consumer(RUN), handler=handler, batch=4, max_in_flight=4,
                             ack_wait_s=2.0, fetch_timeout_s=0.3)
     task = asyncio.create_task(loop.run())

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from nats.js import api
 
-from shared import bus, subjects
-from shared.codec import MessageTooLarge
 from shared.config import NatsConfig, StreamsConfig
-from shared.messages import Event, PromptTask, Sample, TrajectoryGroup
-from shared.natsd import EmbeddedNats
+from shared.contract import bus, subjects
+from shared.contract.codec import MessageTooLarge
+from shared.contract.messages import Event, PromptTask, Sample, TrajectoryGroup
+from shared.runtime.natsd import EmbeddedNats
 
 
 async def test_ensure_streams_is_idempotent_and_creates_the_kv_bucket(js):

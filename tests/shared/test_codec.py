@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared import codec
-from shared.codec import DecodeError
-from shared.messages import (
+from shared.contract import codec
+from shared.contract.codec import DecodeError
+from shared.contract.messages import (
     ALL_MESSAGES,
     DeadLetter,
     Event,

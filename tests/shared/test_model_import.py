@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from ci_gate import skip_without_modules
 
-from shared.model_import import import_gguf
+from shared.model.model_import import import_gguf
 
 
 def test_a_missing_gguf_file_is_named_in_the_error(tmp_path):
@@ -19,7 +19,7 @@ def test_smollm2_imports_as_a_float32_model_that_reloads_with_the_same_logits(tm
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from shared.model_import import smollm2_gguf
+    from shared.model.model_import import smollm2_gguf
 
     out = import_gguf(smollm2_gguf(), tmp_path / "smollm2")
     model = AutoModelForCausalLM.from_pretrained(out)

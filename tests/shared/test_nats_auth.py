@@ -1,4 +1,4 @@
-"""NATS authentication end to end (issue 16), against real nats-server processes:
+"""NATS authentication end to end, against real nats-server processes:
 - the controller's embedded server requires nats.user/password (anonymous clients are refused) and stops
   with the controller on SIGTERM (it used to run on, orphaned);
 - `jetrl nats` takes its secrets from files, never from its command line, and writes its config 0600;
@@ -26,9 +26,9 @@ import pytest
 import yaml
 from ci_gate import need_module, unavailable
 
-from shared import bus
 from shared.config import NatsConfig
-from shared.natsd import free_port, nats_server_binary
+from shared.contract import bus
+from shared.runtime.natsd import free_port, nats_server_binary
 
 SECRET = "pw-" + secrets.token_hex(16)
 

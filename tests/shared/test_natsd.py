@@ -5,9 +5,9 @@ from __future__ import annotations
 import nats
 import pytest
 
-from shared import bus
 from shared.config import NatsConfig, StreamsConfig
-from shared.natsd import EmbeddedNats, free_port, nats_server_binary
+from shared.contract import bus
+from shared.runtime.natsd import EmbeddedNats, free_port, nats_server_binary
 
 
 async def _quiet(exc: Exception) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.natsd import EmbeddedNats
+from shared.runtime.natsd import EmbeddedNats
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 

@@ -2,7 +2,7 @@
 
 For every message the doc carries, under `<!-- example:NAME -->`, a ```json block (the message with
 packed arrays shown as lists of numbers and bytes as a hex string) and a ```msgpack-hex block (the exact
-bytes on the wire). The tests decode every hex example with shared.codec, compare it with its JSON,
+bytes on the wire). The tests decode every hex example with shared.contract.codec, compare it with its JSON,
 check that every schema has an example and that every field of every message is in its field table.
 
 Regenerate the examples after a schema change (then review the diff):
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shared import codec
-from shared.messages import (
+from shared.contract import codec
+from shared.contract.messages import (
     DeadLetter,
     Event,
     PromptTask,

@@ -1,5 +1,5 @@
-"""The sandbox holds (issue 16): the `code` scorer and the rollout `python` tool run each program in a
-bubblewrap sandbox (shared/sandbox.py). Each escape is tried in both, after the two-line switch-off of
+"""The sandbox holds: the `code` scorer and the rollout `python` tool run each program in a
+bubblewrap sandbox (shared/runtime/sandbox.py). Each escape is tried in both, after the two-line switch-off of
 the scorer's audit hook: root commands, a socket to the host's 127.0.0.1, writing outside the work dir,
 a detached child that outlives the call, a fork bomb (bounded, so a broken sandbox cannot take the test
 machine down) and a 200 MB print. Under CI=true a missing bwrap fails these tests instead of skipping."""
@@ -191,7 +191,7 @@ def test_a_read_only_dir_under_the_hosts_tmp_stays_visible_over_the_private_tmp(
     # a venv under /tmp (a clone checked out there) is bound on top of the sandbox's own /tmp
     import tempfile
 
-    from shared import sandbox
+    from shared.runtime import sandbox
 
     shown = Path(tempfile.mkdtemp(prefix="jetrl-ro-", dir="/tmp"))
     work = Path(tempfile.mkdtemp(prefix="jetrl-work-", dir="/tmp"))

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared import bus, subjects
-from shared.messages import TRAINER_STAGES, Event, Sample, TrajectoryGroup
+from shared.contract import bus, subjects
+from shared.contract.messages import TRAINER_STAGES, Event, Sample, TrajectoryGroup
 from tracker.scalars import RolloutStats, WorkerGauges, event_scalars
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shared.messages import Sample, TrajectoryGroup
+from shared.contract.messages import Sample, TrajectoryGroup
 from trainer_service.intake import Batch
 from trainer_service.service import batch_items
 from trainer_service.step import train_step
@@ -34,14 +34,6 @@ def sample(model, tokenizer, prompts: list[str], n: int, new_tokens: int, gen: t
         logps.append(lp.gather(-1, nxt))
         ids = torch.cat([ids, nxt], dim=1)
     return ids, torch.cat(logps, dim=1)
-
-
-def greedy_accuracy(model, tokenizer, prompts, refs) -> float:
-    ids = torch.tensor([tokenizer.encode(p) for p in prompts])
-    with torch.no_grad():
-        out = model(input_ids=ids, use_cache=False).logits[:, -1].argmax(-1)
-    texts = [tokenizer.decode([int(t)]) for t in out]
-    return sum(score(t, r) for t, r in zip(texts, refs, strict=True)) / len(refs)
 
 
 def reference_nll(model, tokenizer, prompts, refs) -> float:

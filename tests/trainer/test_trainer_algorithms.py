@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from shared.messages import Sample
+from shared.contract.messages import Sample
 from trainer_service.algorithms.advantages import group_advantages, grpo, rloo
 from trainer_service.algorithms.losses import (
     behaviour_weight,

@@ -12,7 +12,7 @@ import torch
 from torch.testing import assert_close
 
 from shared.config import JetrlConfig
-from shared.tinymodel import build_tiny_model
+from shared.model.tinymodel import build_tiny_model
 
 HERE = Path(__file__).resolve().parent
 

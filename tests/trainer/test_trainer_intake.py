@@ -74,7 +74,7 @@ async def test_without_the_filter_equal_reward_groups_are_trained(js, nc):
 
 async def test_a_republished_group_id_is_trained_once(js, nc):
     g = make_group("it", 0)
-    from shared import bus, subjects
+    from shared.contract import bus, subjects
 
     # Different Nats-Msg-Id so the stream keeps both copies: the trainer must dedup by group id.
     await bus.publish(js, nc, subjects.trajectories("it"), g, msg_id="a")

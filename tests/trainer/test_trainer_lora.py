@@ -8,7 +8,7 @@ import torch
 from torch.testing import assert_close
 
 from shared.config import JetrlConfig, load_config
-from shared.tinymodel import build_tiny_model
+from shared.model.tinymodel import build_tiny_model
 from tests.trainer.fsdp_step_worker import fixed_items
 from tests.trainer.test_trainer_fsdp import _run
 from trainer_service import checkpoint

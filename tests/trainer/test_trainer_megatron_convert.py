@@ -12,8 +12,8 @@ from ci_gate import need_module
 from torch.testing import assert_close
 
 from shared.config import JetrlConfig
-from shared.natsd import free_port
-from shared.tinymodel import build_tiny_model
+from shared.model.tinymodel import build_tiny_model
+from shared.runtime.natsd import free_port
 from trainer_service.backends.megatron_convert import (
     LayoutSpec,
     fuse_qkv,

@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 from shared.config import JetrlConfig, load_config
-from shared.tinymodel import build_tiny_model
+from shared.model.tinymodel import build_tiny_model
 from trainer_service.packing import TrainItem, pack
 from trainer_service.step import train_step
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 from ci_gate import need_module
 from torch.testing import assert_close
-from transformers import LlamaConfig, LlamaForCausalLM
+from trainer_testlib import save_tiny_llama
+from transformers import LlamaForCausalLM
 
 from shared.config import JetrlConfig
-from shared.tinymodel import build_tokenizer, save_tokenizer
 from trainer_service.backends.fsdp import FSDPBackend
 from trainer_service.packing import TrainItem
 from trainer_service.step import train_step
@@ -25,16 +25,7 @@ from trainer_service.step import train_step
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2))
-    model.save_pretrained(d / "model", safe_serialization=True)
-    save_tokenizer(tok, d / "tokenizer")
-    return d
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _config(llama_dir, trainer: dict) -> JetrlConfig:

@@ -32,6 +32,17 @@ class SlowPublisher:
     async def latest(self):
         return await self.inner.latest()
 
+    async def newest_stored(self):
+        return await self.inner.newest_stored()
+
+    @property
+    def on_refused(self):
+        return self.inner.on_refused
+
+    @on_refused.setter
+    def on_refused(self, fn):
+        self.inner.on_refused = fn
+
     async def publish(self, version, step, state, hf_config, tokenizer, metadata=None):
         self.log.append(("publish_start", version, time.perf_counter()))
         assert isinstance(state, publish_mod.StagedVersion) and (state.path / "model.safetensors").is_file()

@@ -110,6 +110,8 @@ async def test_a_trainer_killed_before_its_first_checkpoint_resumes_from_step_0(
     p = start_trainer(ov, log, resume=True)  # as `jetrl up` starts it; nothing to resume from yet
     try:
         await wait_for(js, RUN, lambda e: len(steps(e)) >= 2, proc=p, what="step 2")
+        # version 2's announcement can follow step 2's event (killed between them in CI: announced was 1)
+        await wait_announced(js, RUN, 2, p)
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(30)

@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from rollout_service.engines.local import LocalEngine
 from shared.config import JetrlConfig, load_config
-from shared.tinymodel import build_tiny_model, save_tokenizer
+from shared.model.tinymodel import build_tiny_model, save_tokenizer
 from tests.trainer.fsdp_step_worker import fixed_items
 from trainer_service.backends.base import tied_output_keys
 from trainer_service.backends.fsdp import FSDPBackend

@@ -8,7 +8,7 @@ import time
 import pytest
 from trainer_testlib import make_group, publish_groups, start_trainer, steps, trainer_overrides, wait_for
 
-from shared.messages import TRAINER_STAGES
+from shared.contract.messages import TRAINER_STAGES
 from trainer_service.timings import rollout_stages, step_stages
 
 RUN = "tim"

@@ -10,11 +10,29 @@ from pathlib import Path
 
 import numpy as np
 
-from shared import bus, codec, subjects
-from shared.messages import Event, Sample, TrajectoryGroup
+from shared.contract import bus, codec, subjects
+from shared.contract.messages import Event, Sample, TrajectoryGroup
 from weight_store.announce import latest as latest_announced
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def save_tiny_llama(d: Path, intermediate_size: int = 96, max_position_embeddings: int = 256) -> Path:
+    """A 3-layer tied Llama (hidden 48, GQA 6/2) with the test tokenizer: d/model and d/tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from shared.model.tinymodel import build_tokenizer, save_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=48, intermediate_size=intermediate_size, num_hidden_layers=3,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    model.save_pretrained(d / "model", safe_serialization=True)
+    save_tokenizer(tok, d / "tokenizer")
+    return d
 
 
 def make_sample(rng: np.random.Generator, version: int, reward: float, prompt_len: int = 6, gen_len: int = 4,

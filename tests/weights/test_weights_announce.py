@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from shared import codec
-from shared.messages import WeightVersion
-from shared.subjects import WEIGHTS_KV_BUCKET
+from shared.contract import codec
+from shared.contract.messages import WeightVersion
+from shared.contract.subjects import WEIGHTS_KV_BUCKET
 from weight_store.announce import VersionConflict, announce, latest, watch
 
 

@@ -43,7 +43,7 @@ async def test_fetched_dir_loads_with_transformers_from_pretrained(store, tmp_pa
     from transformers import AutoModelForCausalLM
 
     from shared.config import ModelConfig
-    from shared.tinymodel import build_tiny_model, load_tokenizer, save_tiny
+    from shared.model.tinymodel import build_tiny_model, load_tokenizer, save_tiny
 
     srv = store(shard_size_mb=1)
     client = WeightStoreClient(srv.cfg)
@@ -142,7 +142,7 @@ async def test_a_flipped_byte_on_the_store_is_caught_by_the_digest(store, tmp_pa
     with pytest.raises(DigestMismatch, match=f"{digest} of the downloaded bytes"):
         await client.fetch("flip", 0)
     assert not (cfg.cache_dir and (tmp_path / cfg.cache_dir / "flip" / "0").exists())
-    # in place on the shared filesystem: caught by default (issue 16: it used to be served silently)
+    # in place on the shared filesystem: caught by default (it used to be served silently)
     shared = WeightStoreClient(cfg.model_copy(update={"shared_fs": True}))
     with pytest.raises(DigestMismatch):
         await shared.fetch("flip", 0)

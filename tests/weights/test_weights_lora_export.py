@@ -14,8 +14,8 @@ from weights_helpers import REPO, ThreadServer, raw_request, store_config
 
 from rollout_service.engines.local import LocalEngine
 from rollout_service.evaluation.evaluator import Evaluator
-from shared.adapters import BaseMismatch
 from shared.config import JetrlConfig, dump_config, load_config
+from shared.model.adapters import BaseMismatch
 from tests.trainer.fsdp_step_worker import fixed_items
 from trainer_service.backends.fsdp import FSDPBackend
 from trainer_service.packing import pack

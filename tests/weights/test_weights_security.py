@@ -1,4 +1,4 @@
-"""The weight store as an attacker meets it (issue 16): racing uploads never pair one upload's bytes
+"""The weight store as an attacker meets it: racing uploads never pair one upload's bytes
 with another's digest, malformed commits and names are 4xx (never 500), a commit cannot race an upload,
 the service needs a token by default, and a file corrupted on the shared filesystem is not served."""
 
@@ -13,7 +13,7 @@ import time
 import pytest
 from weights_helpers import raw_request, state_dict, store_config
 
-from shared.auth import AuthConfigError
+from shared.runtime.auth import AuthConfigError
 from weight_store.client import DigestMismatch, WeightStoreClient
 from weight_store.server import create_app
 

@@ -17,7 +17,7 @@ import torch
 import uvicorn
 
 from shared.config import WeightStoreConfig
-from shared.natsd import free_port
+from shared.runtime.natsd import free_port
 from weight_store.server import create_app, http_protocol
 
 REPO = Path(__file__).resolve().parents[2]

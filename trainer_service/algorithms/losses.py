@@ -160,8 +160,3 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     logz = torch.logsumexp(logits, dim=-1)
     p = torch.softmax(logits, dim=-1)
     return logz - (p * logits).sum(-1)
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    n = float(mask.sum())
-    return float((x * mask).sum()) / n if n else 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.messages import Sample
+from shared.contract.messages import Sample
 
 
 def staleness(current_version: int, sample: Sample) -> int:

@@ -1,55 +1,27 @@
-"""The interface every training backend implements, and the pieces they share (distributed setup,
-token logprobs from logits, broadcast of driver commands)."""
+"""The base class every training backend derives from (TrainBackend: the interface the step and the
+service call, and what the fsdp and megatron backends share: the optimizer and LR schedule, gradient
+clipping, the step, DCP checkpoint saving), and the pieces they share besides (distributed setup, token
+logprobs from logits, the collectives and the broadcast of driver commands)."""
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import datetime
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from shared.config import TrainerConfig
+from shared.config import JetrlConfig, TrainerConfig
+from trainer_service import checkpoint, step
 from trainer_service.logprobs import token_logprobs  # noqa: F401  (the backends' shared helper)
+from trainer_service.optim import make_optimizer
 from trainer_service.packing import PackedBatch, TrainItem
-
-
-class TrainBackend(Protocol):
-    rank: int
-    world_size: int
-    device: torch.device
-
-    def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False,
-                entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-position (logprob of target, entropy) of a packed micro-batch, shape [T] each; only the loss
-        positions (m.mask > 0) are meaningful (others may be 0). `entropy=False`: the caller does not use
-        it (zeros allowed)."""
-
-    def zero_grad(self) -> None: ...
-    def backward(self, loss: torch.Tensor) -> None: ...
-    def clip_and_step(self, max_norm: float) -> float:
-        """Clip the global grad norm (0 = off), optimizer + LR scheduler step; returns the norm before clipping."""
-
-    def current_lr(self) -> float: ...
-    def train_step(self, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int) -> dict:
-        """One optimizer step over `items`; returns the step's statistics (step.train_step's keys)."""
-
-    def all_reduce_max(self, n: int) -> int: ...
-    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor: ...
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank."""
-
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The full HF-layout state dict on rank 0 (cpu), None elsewhere. Collective."""
-
-    def hf_config(self) -> Any: ...
-    def save_checkpoint(self, path: str, extra: dict) -> None: ...
-    def load_checkpoint(self, path: str) -> dict: ...
-    def close(self) -> None: ...
 
 
 def tied_output_keys(hf_config: Any, keys) -> set[str]:
@@ -137,3 +109,88 @@ class DistMixin:
     def barrier(self) -> None:
         if self._dist:
             dist.barrier()
+
+
+class TrainBackend(DistMixin, abc.ABC):
+    """A training backend. Its __init__ sets `rank`, `world_size`, `device`, `model` (the trained module;
+    possibly wrapped, e.g. in DDP), `tokenizer`, `_hf_config` and `autocast_dtype` (None: no autocast),
+    and calls `_init_optimizer`; it implements `forward`, `full_state_dict`, `_dcp_state`,
+    `load_checkpoint` and `close`. The rest is here: the step (trainer_service/step.py; the sim backend
+    overrides `train_step`), gradient clipping with the optimizer and LR scheduler step, and saving."""
+
+    model: torch.nn.Module
+    tokenizer: Any = None
+    autocast_dtype: torch.dtype | None = None
+    _hf_config: Any = None
+
+    def _init_optimizer(self, params, cfg: JetrlConfig) -> None:
+        """trainer.optim's optimizer over `params` and its LR schedule (step.lr_lambda)."""
+        t = cfg.trainer
+        self.optimizer = make_optimizer(params, t.optim)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, step.lr_lambda(t, cfg.schedule.total_steps))
+
+    # --- compute --------------------------------------------------------------------------------
+
+    def train_step(self, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int) -> dict:
+        """The update over `items` (`ppo_minibatches` optimizer steps): the shared step
+        (trainer_service/step.py:train_step) on this backend; returns its statistics."""
+        return step.train_step(self, items, cfg, norm_length)
+
+    @abc.abstractmethod
+    def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False,
+                entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-position (logprob of target, entropy) of a packed micro-batch, shape [T] each; only the loss
+        positions (m.mask > 0) are meaningful (others may be 0). `entropy=False`: the caller does not use
+        it (zeros allowed)."""
+        raise NotImplementedError
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def clip_and_step(self, max_norm: float) -> float:
+        """Clip the global grad norm (0 = off), optimizer + LR scheduler step; returns the norm before clipping."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(norm)
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # --- weights and checkpoints ----------------------------------------------------------------
+
+    def hf_config(self) -> Any:
+        return self._hf_config
+
+    @abc.abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full HF-layout state dict on rank 0 (cpu), None elsewhere. Collective."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def _dcp_state(self) -> dict:
+        """{"model": ..., "optim": ...}: what a DCP checkpoint saves and loads."""
+        raise NotImplementedError
+
+    def save_checkpoint(self, path: str, extra: dict) -> None:
+        checkpoint.save(path, self._dcp_state(), self.scheduler, extra, self.rank, self.barrier)
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str) -> dict:
+        """Load a checkpoint saved by `save_checkpoint`; returns its `extra`."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        raise NotImplementedError

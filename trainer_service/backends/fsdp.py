@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Sequence
 
 import torch
 
-from shared.config import JetrlConfig, TrainerConfig
-from shared.tinymodel import load_policy
-from trainer_service import checkpoint, lora, step, varlen
-from trainer_service.backends.base import DistMixin, init_distributed, pick_device, tied_output_keys
+from shared.config import JetrlConfig
+from shared.model.tinymodel import load_policy
+from trainer_service import activations, checkpoint, lora, varlen
+from trainer_service.backends.base import TrainBackend, init_distributed, pick_device, tied_output_keys
 from trainer_service.logprobs import (
     at_positions,
     head_supports_chunking,
@@ -28,9 +27,7 @@ from trainer_service.logprobs import (
     loss_positions,
     masked_logprobs_from_logits,
 )
-from trainer_service.optim import make_optimizer
-from trainer_service.packing import PackedBatch, TrainItem
-from trainer_service.step import lr_lambda
+from trainer_service.packing import PackedBatch
 
 log = logging.getLogger("jetrl.trainer.fsdp")
 
@@ -59,7 +56,7 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return list(layers)
 
 
-class FSDPBackend(DistMixin):
+class FSDPBackend(TrainBackend):
     def __init__(self, cfg: JetrlConfig):
         t = cfg.trainer
         self.cfg = cfg
@@ -84,7 +81,7 @@ class FSDPBackend(DistMixin):
         self.ref = None
         if t.algorithm.kl_coef > 0 and self.lora is None:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
-        if t.activation_checkpointing:
+        if t.activation_checkpointing is not False:  # auto: switched per micro-batch (trainer_service/activations.py)
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self._dist:
             from torch.distributed.fsdp import fully_shard
@@ -94,16 +91,13 @@ class FSDPBackend(DistMixin):
                     fully_shard(layer)
                 fully_shard(m)
         self.model = model
+        self._ckpt_layers = activations.checkpointing_layers(model)
+        self._saved_per_token = activations.saved_bytes_per_token(self._hf_config)
+        self.checkpointed_micro_batches = 0  # (activation_checkpointing auto) micro-batches run checkpointed
         self._chunkable = head_supports_chunking(model)
-        self.optimizer = make_optimizer((p for p in model.parameters() if p.requires_grad), t.optim)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t, cfg.schedule.total_steps))
+        self._init_optimizer((p for p in model.parameters() if p.requires_grad), cfg)
 
     # --- compute --------------------------------------------------------------------------------
-
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def forward(self, m: PackedBatch, which: str = "policy", grad: bool = False, entropy: bool = True):
         """(logprob, entropy) [T], computed at the loss positions only: with trainer.logprob_chunk_tokens > 0
@@ -125,44 +119,24 @@ class FSDPBackend(DistMixin):
             if model.config._attn_implementation != varlen.NAME:
                 raise ValueError("a shared-prompt micro-batch needs trainer.attn_implementation varlen")
             kw["jetrl_segments"] = m.segments
+        ckpt = grad and activations.wants_checkpointing(t.activation_checkpointing, m.num_tokens,
+                                                        self._saved_per_token, t.activation_memory_gb)
+        self.checkpointed_micro_batches += ckpt
+        ckpt_ctx = activations.checkpointing(self._ckpt_layers, ckpt)
         if t.logprob_chunk_tokens > 0 and self._chunkable:
             pos = loss_positions(m.mask)
-            with ctx, self._autocast(), base_only, loss_position_head(model, pos, m.targets, t.logprob_chunk_tokens,
-                                                                      mode, self.cfg.rollout.sampling.allowed_token_ids) as box:
+            head = loss_position_head(model, pos, m.targets, t.logprob_chunk_tokens, mode,
+                                      self.cfg.rollout.sampling.allowed_token_ids)
+            with ctx, ckpt_ctx, self._autocast(), base_only, head as box:
                 model(**kw)
             n = m.num_tokens
             return at_positions(box["logp"], pos, n), at_positions(box["entropy"], pos, n)
-        with ctx, self._autocast(), base_only:
+        with ctx, ckpt_ctx, self._autocast(), base_only:
             out = model(**kw)
             return masked_logprobs_from_logits(out.logits[0], m.targets, m.mask, mode,
                                                self.cfg.rollout.sampling.allowed_token_ids)
 
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def clip_and_step(self, max_norm: float) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        self.optimizer.step()
-        self.scheduler.step()
-        return float(norm)
-
-    def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def train_step(self, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int) -> dict:
-        """One optimizer step over `items`: the shared step (trainer_service/step.py) on this backend."""
-        return step.train_step(self, items, cfg, norm_length)
-
     # --- weights and checkpoints ----------------------------------------------------------------
-
-    def hf_config(self):
-        return self._hf_config
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full HF state dict on rank 0; with LoRA, the adapter's tensors only (peft's saved names)."""
@@ -197,9 +171,6 @@ class FSDPBackend(DistMixin):
 
         msd, osd = get_state_dict(self.model, self.optimizer, options=self._sd_options())
         return {"model": msd, "optim": osd}
-
-    def save_checkpoint(self, path: str, extra: dict) -> None:
-        checkpoint.save(path, self._dcp_state(), self.scheduler, extra, self.rank, self.barrier)
 
     def load_checkpoint(self, path: str) -> dict:
         from torch.distributed.checkpoint.state_dict import set_state_dict

@@ -15,16 +15,15 @@ import contextlib
 import copy
 import logging
 import os
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from shared.config import JetrlConfig, TrainerConfig
-from shared.natsd import free_port
-from shared.tinymodel import load_policy
-from trainer_service import checkpoint, step
-from trainer_service.backends.base import DistMixin
+from shared.config import JetrlConfig
+from shared.model.tinymodel import load_policy
+from shared.runtime.natsd import free_port
+from trainer_service import checkpoint
+from trainer_service.backends.base import TrainBackend
 from trainer_service.backends.megatron_convert import (
     LayoutSpec,
     hf_to_megatron,
@@ -33,9 +32,7 @@ from trainer_service.backends.megatron_convert import (
     transformer_config_kwargs,
 )
 from trainer_service.logprobs import masked_logprobs_from_logits
-from trainer_service.optim import make_optimizer
-from trainer_service.packing import PackedBatch, TrainItem
-from trainer_service.step import lr_lambda
+from trainer_service.packing import PackedBatch
 
 log = logging.getLogger("jetrl.trainer.megatron")
 
@@ -49,7 +46,7 @@ def _te_available() -> bool:
         return False
 
 
-class MegatronBackend(DistMixin):
+class MegatronBackend(TrainBackend):
     def __init__(self, cfg: JetrlConfig):
         t = cfg.trainer
         if not torch.cuda.is_available():
@@ -87,7 +84,7 @@ class MegatronBackend(DistMixin):
             log.warning("trainer.megatron.use_te: transformer_engine is not installed; using the local spec")
         self.spec = LayoutSpec.from_hf(c, te=self.use_te)
         kw = transformer_config_kwargs(c)
-        if t.activation_checkpointing:
+        if t.activation_checkpointing is True:  # auto: the fsdp backend's per-micro-batch choice only
             kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
         dtype = t.dtype if t.dtype != "auto" else "bfloat16"
         self.autocast_dtype = torch.bfloat16 if dtype == "bfloat16" else None
@@ -117,13 +114,7 @@ class MegatronBackend(DistMixin):
         self.model = self.core
         if self.world_size > 1:
             self.model = torch.nn.parallel.DistributedDataParallel(self.core, device_ids=[self.device.index])
-        self.optimizer = make_optimizer(self.core.parameters(), t.optim)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t, cfg.schedule.total_steps))
-
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast("cuda", dtype=self.autocast_dtype)
+        self._init_optimizer(self.core.parameters(), cfg)
 
     def _logits(self, model, m: PackedBatch) -> torch.Tensor:
         if self.use_te:
@@ -151,29 +142,6 @@ class MegatronBackend(DistMixin):
         return masked_logprobs_from_logits(logits, m.targets, m.mask, mode,
                                            self.cfg.rollout.sampling.allowed_token_ids)
 
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def clip_and_step(self, max_norm: float) -> float:
-        params = [p for p in self.core.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        self.optimizer.step()
-        self.scheduler.step()
-        return float(norm)
-
-    def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def train_step(self, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int) -> dict:
-        """One optimizer step over `items`: the shared step (trainer_service/step.py) on this backend."""
-        return step.train_step(self, items, cfg, norm_length)
-
-    def hf_config(self):
-        return self._hf_config
-
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         if self.rank != 0:
             return None
@@ -185,9 +153,6 @@ class MegatronBackend(DistMixin):
 
         msd, osd = get_state_dict(self.core, self.optimizer)
         return {"model": {k: v for k, v in msd.items() if not k.endswith("_extra_state")}, "optim": osd}
-
-    def save_checkpoint(self, path: str, extra: dict) -> None:
-        checkpoint.save(path, self._dcp_state(), self.scheduler, extra, self.rank, self.barrier)
 
     def load_checkpoint(self, path: str) -> dict:
         state = self._dcp_state()

@@ -37,7 +37,7 @@ class SimBackend(FSDPBackend):
         tokens = sum(it.length for it in items)
         cost = step_cost_s(o, len(items), tokens)
         if o.time_scale > 0:
-            time.sleep(cost * o.time_scale)  # runs in the trainer's worker thread (Trainer.run_cmd)
+            time.sleep(cost * o.time_scale)  # runs in the trainer's worker thread (Trainer.on_all_ranks)
         dt = time.perf_counter() - t0
         # The keys of step.train_step's statistics; the loss terms were not computed.
         return {

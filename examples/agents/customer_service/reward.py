@@ -1,7 +1,8 @@
 """The customer-service reward, from the final database state and the agent's answers to the customer.
 
-    1.0  every order ends in the status the policy requires, and the answers name the order
-    0.5  the statuses are right, the answers never name the order
+    1.0  every order ends in the status the policy requires, and the answers name the order (as a whole
+         word, and none of the customer's other orders: listing every id is not naming the order)
+    0.5  the statuses are right, the answers do not name the order alone
     0.0  any status is wrong: a refund or exchange the policy forbids (a violation), or one it required
          that was not made, or an action on an order before looking it up
 
@@ -10,6 +11,12 @@ without get_order first).
 """
 
 from __future__ import annotations
+
+import re
+
+
+def _named(order_id: str, text: str) -> bool:
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(order_id)}(?![A-Za-z0-9])", text, re.IGNORECASE) is not None
 
 
 def score_episode(final: dict[str, str], expected: dict[str, str], actions: list[tuple[str, str]],
@@ -22,4 +29,6 @@ def score_episode(final: dict[str, str], expected: dict[str, str], actions: list
     metrics = {"violations": violations, "missed": missed, "unchecked": unchecked, "actions": len(actions)}
     if violations or missed or unchecked:
         return 0.0, metrics
-    return (1.0 if order_id.lower() in (answer or "").lower() else 0.5), metrics
+    answer = answer or ""
+    others = [k for k in final if k != order_id and _named(k, answer)]
+    return (1.0 if _named(order_id, answer) and not others else 0.5), metrics

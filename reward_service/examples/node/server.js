@@ -54,7 +54,7 @@ function typeName(x) {
   return typeof x;
 }
 
-// Decode and check a RewardRequest like shared/codec.py does; throws BadRequest naming the field.
+// Decode and check a RewardRequest like shared/contract/codec.py does; throws BadRequest naming the field.
 function parseRequest(data) {
   let raw;
   try {

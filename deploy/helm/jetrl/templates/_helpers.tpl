@@ -59,7 +59,7 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.metricsPort | quote }}
 - name: JETRL__TELEMETRY__LOG_FORMAT
   value: json
-{{- range $var, $key := dict "JETRL__CONTROLLER__TOKEN" "controller-token" "JETRL__WEIGHTS__TOKEN" "weights-token" "JETRL__WEIGHTS__READ_TOKEN" "weights-read-token" "JETRL__NATS__TOKEN" "nats-token" }}
+{{- range $var, $key := dict "JETRL__CONTROLLER__TOKEN" "controller-token" "JETRL__WEIGHTS__TOKEN" "weights-token" "JETRL__WEIGHTS__READ_TOKEN" "weights-read-token" }}
 - name: {{ $var }}
   valueFrom:
     secretKeyRef:
@@ -67,6 +67,48 @@ app.kubernetes.io/component: {{ .component }}
       key: {{ $key }}
       optional: true
 {{- end }}
+{{- end -}}
+
+{{/* How a service authenticates to NATS: (dict "root" $ "role" ROLE). With nats.perServiceUsers, as its
+own user `jetrl-<role>` (a role of nats.jetrlPermissions = shared/runtime/nats_permissions.py) with the password
+from the Secret's nats-password-<role>, creating the streams only as the controller; role "" (the weight
+store, which does not use NATS) gets nothing. Otherwise the Secret's nats-token, as before. */}}
+{{- define "jetrl.natsAuthEnv" -}}
+{{- $v := .root.Values -}}
+{{- if $v.nats.perServiceUsers -}}
+{{- if .role -}}
+{{- if not (hasKey (default dict $v.nats.jetrlPermissions) .role) -}}
+{{- fail (printf "nats.jetrlPermissions: no role %q (regenerate it with `jetrl nats-config --helm`)" .role) -}}
+{{- end }}
+- name: JETRL__NATS__USER
+  value: {{ printf "jetrl-%s" .role | quote }}
+- name: JETRL__NATS__PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "jetrl.secretName" .root }}
+      key: {{ printf "nats-password-%s" .role }}
+- name: JETRL__STREAMS__MANAGE
+  value: {{ eq .role "controller" | quote }}
+{{- end -}}
+{{- else }}
+- name: JETRL__NATS__TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "jetrl.secretName" .root }}
+      key: nats-token
+      optional: true
+{{- end -}}
+{{- end -}}
+
+{{/* The bundled NATS server reads the passwords from nats.jetrlSecret (the NATS chart cannot see
+secrets.*): with secrets.existingSecret both must name the same Secret. */}}
+{{- define "jetrl.checkNatsSecret" -}}
+{{- $v := .Values -}}
+{{- if and $v.nats.enabled $v.nats.perServiceUsers -}}
+{{- if ne (default "" $v.nats.jetrlSecret) (default "" $v.secrets.existingSecret) -}}
+{{- fail (printf "nats.jetrlSecret: set it to secrets.existingSecret (%q): the bundled NATS server reads the services' passwords (nats-password-<role>) from that Secret" $v.secrets.existingSecret) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "jetrl.image" -}}
