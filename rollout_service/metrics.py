@@ -21,6 +21,11 @@ class RolloutMetrics:
         self.errors = Counter("jetrl_rollout_errors", "Prompt tasks that failed (retried or dead-lettered).",
                               registry=r)
         self.published = Counter("jetrl_rollout_groups_published", "Trajectory groups published.", registry=r)
+        self.adaptive_draws = Counter("jetrl_rollout_adaptive_samples_drawn",
+                                      "Samples drawn under adaptive sampling, extra rounds included.", registry=r)
+        self.adaptive_no_signal = Counter("jetrl_rollout_adaptive_no_signal_groups",
+                                          "Groups still without a reward spread after rollout.adaptive.max_samples.",
+                                          registry=r)
         self.weight_swaps = Counter("jetrl_rollout_weight_swaps", "Weight versions swapped into the engine.",
                                     registry=r)
         self.task_seconds = Histogram("jetrl_rollout_task_seconds", "Time from prompt received to group published.",

@@ -17,11 +17,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
+from rollout_service.adaptive import sample_adaptively
 from rollout_service.engines.base import EngineDead, PromptTooLong
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.tools import ToolRegistry, build_tools
@@ -39,6 +42,32 @@ SERVICE = "rollout"
 
 def worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+def shifted(task: PromptTask, count: int, offset: int) -> PromptTask:
+    """The task for one more round of adaptive sampling: `count` samples, numbered from `offset` (a set
+    sampling seed moves by the offset, so a round never repeats an earlier one's draws)."""
+    sampling = dict(task.sampling) if isinstance(task.sampling, dict) else {}
+    if offset and sampling.get("seed") is not None:
+        sampling["seed"] = int(sampling["seed"]) + offset
+    return replace(task, group_size=count, sampling=sampling)
+
+
+def prompt_record(group: TrajectoryGroup, success_reward: float) -> dict[str, Any]:
+    """What the controller's prompt memory learns of one published group (the "published" event's
+    "prompts"; docs/protocol.md): samples drawn, successes, mean reward, signal, newest policy version."""
+    a = group.adaptive
+    rewards = [s.reward for s in group.samples]
+    versions = [int(s.versions[s.loss_mask.astype(bool)].max()) for s in group.samples if s.num_generated]
+    if a:
+        drawn, successes, mean, signal = a["drawn"], a["successes"], a["mean"], bool(a["signal"])
+    else:
+        drawn, successes = len(rewards), sum(r >= success_reward for r in rewards)
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        signal = bool(rewards) and max(rewards) - min(rewards) > 1e-6
+    return {"group_id": group.group_id, "prompt_id": group.prompt_id, "drawn": int(drawn),
+            "successes": int(successes), "reward_mean": float(mean), "signal": signal,
+            "version": max(versions) if versions else -1}
 
 
 class RolloutWorker:
@@ -59,9 +88,11 @@ class RolloutWorker:
         self.metrics = RolloutMetrics()
         self.rate = Rate(30.0)
         self.published = 0
+        self.samples_drawn = 0  # every sample generated and scored, adaptive sampling's extra rounds included
         self.errors = 0
         self.nc = self.js = self.loop = self.follower = self.ctx = self.events = self.agents = None
         self._pending_ids: list[str] = []
+        self._pending_prompts: list[dict] = []  # prompt_record of each id in _pending_ids
         self._closers: list[Any] = []
         self._tasks: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
@@ -252,7 +283,17 @@ class RolloutWorker:
         try:
             if self.follower is not None:
                 await self.follower.wait_for_version(task.released_at_version)
-            samples = await self.workflow.run(self.ctx, task)
+            adaptive: dict = {}
+            if self.cfg.rollout.adaptive.max_samples:
+                drawn = await sample_adaptively(lambda n, offset: self.workflow.run(self.ctx, shifted(task, n, offset)),
+                                                task.group_size, self.cfg.rollout.adaptive,
+                                                random.Random(f"{task.group_id}:{self.instance}"))
+                samples, adaptive = drawn.samples, drawn.account()
+                self.metrics.adaptive_draws.inc(drawn.drawn)
+                if not drawn.signal:
+                    self.metrics.adaptive_no_signal.inc()
+            else:
+                samples = await self.workflow.run(self.ctx, task)
             for i, s in enumerate(samples):
                 problem = s.validate()
                 if problem:
@@ -263,6 +304,7 @@ class RolloutWorker:
                 workflow=self.workflow_name, worker=self.instance, released_at_version=task.released_at_version,
                 metrics={"task_s": time.monotonic() - t0, "engine_version": self.engine.version,
                          "delivery": msg.metadata.num_delivered if msg.metadata else 1},
+                adaptive=adaptive,
             )
             await bus.publish(self.js, self.nc, subjects.trajectories(task.run), group, msg_id=task.group_id,
                               timeout=self.cfg.rollout.service.publish_timeout_s)
@@ -285,9 +327,11 @@ class RolloutWorker:
             log.warning("task %s failed: %s: %s", task.group_id, type(exc).__name__, exc)
             raise
         self.published += 1
+        self.samples_drawn += adaptive.get("drawn", len(samples))
         self.metrics.published.inc()
         self.metrics.task_seconds.observe(time.monotonic() - t0)
         self._pending_ids.append(task.group_id)
+        self._pending_prompts.append(prompt_record(group, self.cfg.rollout.adaptive.success_reward))
         if len(self._pending_ids) >= self.cfg.rollout.service.events_batch:
             await self._flush_published()
 
@@ -296,7 +340,8 @@ class RolloutWorker:
         if not self._pending_ids or self.events is None:
             return
         ids, self._pending_ids = self._pending_ids, []
-        await self.events.emit("published", {"group_ids": ids, "worker": self.instance})
+        prompts, self._pending_prompts = self._pending_prompts, []
+        await self.events.emit("published", {"group_ids": ids, "worker": self.instance, "prompts": prompts})
 
     async def _flush_published_loop(self) -> None:
         while True:
@@ -323,6 +368,7 @@ class RolloutWorker:
             "tool_errors": s.tool_errors if s else 0,
             "errors": self.errors,
             "published": self.published,
+            "samples_drawn": self.samples_drawn,
             "generated_tokens": s.generated_tokens if s else 0,
             "weight_swaps": self.follower.swaps if self.follower else 0,
         }

@@ -34,7 +34,8 @@ class Batch:
     fresh: list[list[Sample]] = field(default_factory=list)  # per group: the samples to train
     dropped_stale: list[str] = field(default_factory=list)  # group ids with no fresh sample
     dropped_stale_samples: int = 0
-    filtered: list[str] = field(default_factory=list)  # group ids dropped by the dynamic filter
+    filtered: list[str] = field(default_factory=list)  # group ids without a reward spread, not trained
+    filtered_reasons: dict[str, str] = field(default_factory=dict)  # group id -> why (the ledger keeps it)
     staleness_hist: Counter = field(default_factory=Counter)  # staleness of trained samples
 
 
@@ -42,6 +43,19 @@ class Batch:
 class IntakeState:
     position: int = 0
     finished: list[str] = field(default_factory=list)
+
+
+def filter_reason(group: TrajectoryGroup, cfg: JetrlConfig) -> str | None:
+    """Why a group is not trained at all (None: it goes to the buffer): no samples; adaptive sampling
+    found no reward spread within its budget; all rewards equal under trainer.algorithm.dynamic_filter."""
+    if not group.samples:
+        return "no samples"
+    if group.adaptive and not group.adaptive.get("signal", True):
+        return f"no signal after {group.adaptive['drawn']} samples"
+    a = cfg.trainer.algorithm
+    if a.dynamic_filter and rewards_all_equal([s.reward for s in group.samples], a.dynamic_filter_eps):
+        return "no reward spread (trainer.algorithm.dynamic_filter)"
+    return None
 
 
 class Intake:
@@ -54,6 +68,7 @@ class Intake:
         self.last_seq = 0
         # Outcomes since the last batch (reported with it).
         self.filtered: list[str] = []
+        self.filtered_reasons: dict[str, str] = {}
         self.dropped_stale: list[str] = []
         self.dropped_stale_samples = 0
         self.duplicates = 0
@@ -100,13 +115,10 @@ class Intake:
             self.duplicates += 1
             log.info("duplicate group %s (seq %d) skipped", gid, seq)
             return
-        a = self.cfg.trainer.algorithm
-        if a.dynamic_filter and rewards_all_equal([s.reward for s in group.samples], a.dynamic_filter_eps):
+        why = filter_reason(group, self.cfg)
+        if why is not None:
             self.filtered.append(gid)
-            self._finish(gid)
-            return
-        if not group.samples:
-            self.filtered.append(gid)
+            self.filtered_reasons[gid] = why
             self._finish(gid)
             return
         self.buffer.append((seq, group))
@@ -136,9 +148,7 @@ class Intake:
         picked = set(urgency_order([g.samples for _, g in still])[: s.batch_size])
         take = [x for i, x in enumerate(still) if i in picked]
         self.buffer = [x for i, x in enumerate(still) if i not in picked]
-        batch = Batch(dropped_stale=self.dropped_stale, dropped_stale_samples=self.dropped_stale_samples,
-                      filtered=self.filtered)
-        self.dropped_stale, self.dropped_stale_samples, self.filtered = [], 0, []
+        batch = self._outcomes()
         for _, g in take:
             fresh = [x for x in g.samples if is_fresh(version, x, s.max_staleness)]
             batch.groups.append(g)
@@ -153,9 +163,13 @@ class Intake:
         """Drops and filter outcomes recorded since the last batch (to report them without a batch)."""
         if not (self.dropped_stale or self.filtered):
             return None
+        return self._outcomes()
+
+    def _outcomes(self) -> Batch:
+        """A batch holding the drops and filter outcomes recorded so far, which are cleared."""
         out = Batch(dropped_stale=self.dropped_stale, dropped_stale_samples=self.dropped_stale_samples,
-                    filtered=self.filtered)
-        self.dropped_stale, self.dropped_stale_samples, self.filtered = [], 0, []
+                    filtered=self.filtered, filtered_reasons=self.filtered_reasons)
+        self.dropped_stale, self.dropped_stale_samples, self.filtered, self.filtered_reasons = [], 0, [], {}
         return out
 
     async def next_batch(self, version: int, timeout_s: float | None = None) -> Batch | None:

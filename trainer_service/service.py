@@ -25,9 +25,11 @@ from typing import Any
 
 from shared.config import JetrlConfig
 from shared.contract import bus
+from shared.contract.messages import TrajectoryGroup
 from shared.runtime.telemetry import start_metrics
 from trainer_service import checkpoint, memory, metrics, timings
-from trainer_service.algorithms.advantages import group_advantages
+from trainer_service.algorithms.advantages import DrawStats, group_advantages
+from trainer_service.algorithms.staleness import rewards_all_equal
 from trainer_service.intake import Batch, Intake, IntakeState
 from trainer_service.packing import TrainItem
 from trainer_service.publish import (
@@ -37,6 +39,7 @@ from trainer_service.publish import (
     retryable_publish_error,
     stage_version,
 )
+from trainer_service.signal_watch import SignalWatch
 
 log = logging.getLogger("jetrl.trainer")
 
@@ -125,11 +128,35 @@ def follow(backend, cfg: JetrlConfig) -> None:
             return
 
 
+def draw_stats(g: TrajectoryGroup) -> DrawStats | None:
+    """The statistics of every draw when adaptive sampling drew more samples than the group holds
+    (TrajectoryGroup.adaptive, checked on decode), else None: the group's own rewards are its baseline."""
+    a = g.adaptive
+    if not a or a["drawn"] <= len(g.samples):
+        return None
+    return DrawStats(n=int(a["drawn"]), mean=float(a["mean"]), std=float(a["std"]))
+
+
+def group_has_spread(g: TrajectoryGroup) -> bool:
+    """Whether the group's rewards differ (it carries a learning signal)."""
+    a = g.adaptive
+    if a and "signal" in a:
+        return bool(a["signal"])
+    return not rewards_all_equal([s.reward for s in g.samples])
+
+
+def samples_drawn(g: TrajectoryGroup) -> int:
+    """Samples generated for the group: its own, or every draw of adaptive sampling."""
+    return int(g.adaptive["drawn"]) if g.adaptive else len(g.samples)
+
+
 def batch_items(batch: Batch, cfg: JetrlConfig) -> list[TrainItem]:
     """Advantages over each group's full reward list (stale samples still inform the baseline), then
     one TrainItem per fresh sample."""
     a = cfg.trainer.algorithm
-    advs = group_advantages([[s.reward for s in g.samples] for g in batch.groups], a.adv_estimator, a.adv_eps)
+    advs = group_advantages([[s.reward for s in g.samples] for g in batch.groups], a.adv_estimator, a.adv_eps,
+                            draws=[draw_stats(g) for g in batch.groups],
+                            weights=[[s.weight for s in g.samples] for g in batch.groups])
     items: list[TrainItem] = []
     for g, fresh, adv in zip(batch.groups, batch.fresh, advs, strict=True):
         keep = {id(s) for s in fresh}
@@ -156,6 +183,7 @@ class Trainer:
         # while the same steps on one thread stayed flat; docs/benchmarks.md).
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jetrl-trainer-backend")
         self._pending_publish: asyncio.Task | None = None  # trainer.publish_overlap's upload in flight
+        self.signal = SignalWatch(cfg.trainer.no_signal_groups or 3 * cfg.schedule.batch_size)
         self._store_s = 0.0  # seconds the last publish took to write, upload and announce
 
     def _run(self, fn, args: dict) -> Any:
@@ -348,8 +376,11 @@ class Trainer:
         """The step's events ("step"; "groups", acked), metrics and log line."""
         reward_mean = sum(it.reward for it in items) / len(items) if items else 0.0
         trained = [g.group_id for g in batch.groups]
+        spreads = [group_has_spread(g) for g in batch.groups]
         data = {"version": self.version, "step": self.step, "loss": stats["loss"], "reward_mean": reward_mean,
                 "samples": len(items), "groups": len(trained), "dropped_stale_samples": batch.dropped_stale_samples,
+                "groups_with_signal": sum(spreads), "samples_trained": len(items),
+                "samples_drawn": sum(samples_drawn(g) for g in batch.groups),
                 "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, **stats,
                 "wall_s": wall, "timings": stages, "rollout_timings": rollout,
                 "publish_store_s": self._store_s,  # the last finished write + upload (overlapped or not)
@@ -359,8 +390,10 @@ class Trainer:
         # Acked (retried through a NATS outage): the controller's ledger learns the outcomes only from
         # this event, and the checkpoint after the step must not move past outcomes nobody heard of.
         await self.events.emit_acked("groups", {"version": self.version, "step": self.step, "trained": trained,
-                                                "dropped_stale": batch.dropped_stale, "filtered": batch.filtered},
+                                                "dropped_stale": batch.dropped_stale, "filtered": batch.filtered,
+                                                "filtered_reasons": batch.filtered_reasons},
                                      stop=self._stop)
+        await self._watch_signal(spreads + [False] * len(batch.filtered))
         metrics.record_step(stats, batch, len(items), reward_mean)
         log.info("step %d version %d loss %.4f reward %.3f samples %d dropped_stale %d tokens/s %.0f", self.step,
                  self.version, stats["loss"], reward_mean, len(items), batch.dropped_stale_samples,
@@ -373,9 +406,17 @@ class Trainer:
             return
         await self.events.emit_acked("groups", {"version": self.version, "step": self.step, "trained": [],
                                                 "dropped_stale": out.dropped_stale, "filtered": out.filtered,
+                                                "filtered_reasons": out.filtered_reasons,
                                                 "dropped_stale_samples": out.dropped_stale_samples},
                                      stop=self._stop)
+        await self._watch_signal([False] * len(out.filtered))
         metrics.record_outcomes(out.dropped_stale, out.filtered, out.dropped_stale_samples)
+
+    async def _watch_signal(self, spreads: list[bool]) -> None:
+        """Groups just decided (True: with a reward spread) -> a `no_signal` event when the state changes."""
+        for data in self.signal.observe(self.step, spreads):
+            (log.warning if data["active"] else log.info)("%s", data["message"])
+            await self.events.emit("no_signal", data)
 
     def _done(self) -> bool:
         # Steps, not versions: after a resume from an older checkpoint the versions jump past the lost

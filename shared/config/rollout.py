@@ -29,6 +29,29 @@ class SamplingConfig(Section):
     )
 
 
+class AdaptiveConfig(Section):
+    """Adaptive sampling (rollout_service/adaptive.py; docs/algorithms.md, "Adaptive sampling"): a prompt whose
+    group has no reward spread is sampled again, in rounds, until it has one or the budget is spent."""
+
+    max_samples: int = Field(
+        0, ge=0,
+        description="Samples one prompt may take in all (e.g. 64 with group_size 8: up to 8 rounds). 0 = off: "
+        "one round of group_size, as without adaptive sampling. Must be 0 or at least group_size.")
+    round_size: int = Field(
+        0, ge=0, description="Samples drawn per extra round (0 = group_size). The last round is cut to the budget.")
+    weights: Literal["inclusion", "none"] = Field(
+        "inclusion",
+        description="How a group of group_size is formed from more draws. Both keep a balanced subset (successes "
+        "and failures as even as the draws allow) and take the advantage baseline (mean, std) from every draw. "
+        "inclusion = each kept sample also carries the inverse of its chance to be kept (Horvitz-Thompson), so the "
+        "kept group's gradient is an unbiased estimate of the gradient over all draws; none = Reinforce-Ada's "
+        "balanced groups as published (Xiong et al. 2025), which up-weights the rare outcome.")
+    success_reward: float = Field(
+        1.0, description="A sample counts as a success (solve rates, prompt memory) when its reward is at least "
+        "this. The signal rule itself is any reward spread, whatever this threshold.")
+    eps: float = Field(1e-6, ge=0, description="Rewards within this of each other count as equal (no spread).")
+
+
 class RolloutConfig(Section):
     engine: Literal["local", "vllm", "sglang", "sim"] = Field("local", description="Inference engine.")
     workflow: str = Field(
@@ -39,6 +62,8 @@ class RolloutConfig(Section):
     group_size: int = Field(4, ge=1, description="Samples per prompt (the GRPO group).")
     max_in_flight: int = Field(8, ge=1, description="Prompt tasks one worker runs at once.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig,
+                                     description="Sample a prompt again while its group has no reward spread.")
     device: str = Field("cpu", description="Local engine: torch device.")
     workflow_args: dict = Field(default_factory=dict, description="Keyword arguments for the workflow class.")
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
@@ -60,6 +85,13 @@ class RolloutConfig(Section):
         if self.sampling.max_new_tokens > svc.max_new_tokens:
             raise ValueError(f"rollout.sampling.max_new_tokens {self.sampling.max_new_tokens} is over "
                              f"rollout.service.max_new_tokens {svc.max_new_tokens}")
+        ad = self.adaptive
+        if ad.max_samples and ad.max_samples < self.group_size:
+            raise ValueError(f"rollout.adaptive.max_samples {ad.max_samples} is below rollout.group_size "
+                             f"{self.group_size}: use 0 (off) or at least the group size")
+        if ad.round_size > svc.max_group_size:
+            raise ValueError(f"rollout.adaptive.round_size {ad.round_size} is over rollout.service.max_group_size "
+                             f"{svc.max_group_size}")
         return self
 
     @model_validator(mode="after")

@@ -287,6 +287,12 @@ class TrainerConfig(Section):
         0, ge=0, description="Intake holds at most this many groups waiting for a batch (0 = 4 x batch_size)."
     )
     seed: int = Field(0, description="Seed of the trainer's RNG (dropout, sampling in tests).")
+    no_signal_groups: int = Field(
+        0, ge=0,
+        description="Say so (a `no_signal` event, the dashboard, `jetrl status`) when this many groups in a row "
+        "reached the trainer without a reward spread, trained on a zero advantage or filtered (trainer_service/"
+        "signal_watch.py); a group with a spread ends it (a second event, active false). 0 = 3 x schedule.batch_size.",
+    )
     dedup_window: int = Field(
         100_000, ge=1, description="Group ids remembered (and checkpointed) to drop re-published duplicates."
     )

@@ -8,6 +8,7 @@ wire are kept in `extra` and written back on encode.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,10 @@ from shared.contract.codec import register_message, register_nested
 
 def wire(code: str, **kw: Any) -> Any:
     return field(metadata={"wire": code}, **kw)
+
+
+# A sample's weight is at most (max draws / kept) x (kept / group size) <= max draws; far above any real budget.
+MAX_SAMPLE_WEIGHT = 1e4
 
 
 def _empty_i32() -> np.ndarray:
@@ -82,6 +87,9 @@ class Sample:
     turns: np.ndarray = wire("i32", default_factory=_empty_i32)  # token offset where each turn starts
     timings: dict = wire("map", default_factory=dict)  # seconds: generate, reward, tools, ...
     metrics: dict = wire("map", default_factory=dict)  # scorer metrics, tool calls, ...
+    # multiplies the sample's advantage: the inverse of its chance to be kept when adaptive sampling drew more
+    # samples than the group holds (rollout_service/adaptive.py); 1.0 otherwise
+    weight: float = wire("float", default=1.0)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> tuple[str, str] | None:
@@ -91,6 +99,9 @@ class Sample:
                 return f".{name}", f"has {len(getattr(self, name))} entries, tokens has {n}"
         if not 0 <= self.prompt_len <= n:
             return ".prompt_len", f"{self.prompt_len} is outside 0..{n}"
+        w = self.weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 < w <= MAX_SAMPLE_WEIGHT:
+            return ".weight", f"{w!r} is outside (0, {MAX_SAMPLE_WEIGHT}]"
         return None
 
     @property
@@ -119,11 +130,29 @@ class TrajectoryGroup:
     released_at_version: int = wire("int", default=0)
     created_at: float = wire("float", default_factory=time.time)
     metrics: dict = wire("map", default_factory=dict)
+    # adaptive sampling's account of every draw for this prompt ({} when it was off): drawn (samples
+    # generated), successes, mean and std of all drawn rewards (the advantage baseline), signal (the draws had
+    # a reward spread), rounds. See rollout_service/adaptive.py.
+    adaptive: dict = wire("map", default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     @property
     def group_id(self) -> str:
         return f"{self.run}:{self.epoch}:{self.prompt_id}"
+
+    def validate(self) -> tuple[str, str] | None:
+        a = self.adaptive
+        if not a:
+            return None
+        drawn, mean, std = a.get("drawn"), a.get("mean"), a.get("std")
+        if isinstance(drawn, bool) or not isinstance(drawn, int) or drawn < len(self.samples):
+            return ".adaptive.drawn", f"{drawn!r} is not a count of at least the group's {len(self.samples)} samples"
+        for name, v in (("mean", mean), ("std", std)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or abs(v) > 1e12:
+                return f".adaptive.{name}", f"{v!r} is not a finite number"
+        if std < 0:
+            return ".adaptive.std", f"{std!r} is negative"
+        return None
 
 
 # --- reward ---------------------------------------------------------------------------------------

@@ -95,8 +95,19 @@ def test_compose_up_trains_scales_survives_a_kill_and_balances_the_ledger(jetrl_
     def logs() -> str:
         return compose("logs", "--no-color", "--tail", "40", check=False).stdout[-8000:]
 
+    def nats_diagnostics() -> str:
+        """The NATS container's state, health-check log and last lines, for a start that failed."""
+        out = []
+        for cid in ids("nats"):
+            out.append(inspect(cid, "{{json .State}}"))
+        out.append(compose("logs", "--no-color", "--tail", "60", "nats", check=False).stdout[-6000:])
+        return "\n".join(out)
+
     try:
-        compose("up", "-d", "--no-build", timeout=600)
+        try:
+            compose("up", "-d", "--no-build", timeout=600)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- nats ---\n{nats_diagnostics()}") from None
         ctl_ip = inspect(ids("controller")[0], "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
         api = httpx.Client(base_url=f"http://{ctl_ip}:8600", timeout=30,
                            headers=bearer_headers(secrets["JETRL_CONTROLLER_TOKEN"]))

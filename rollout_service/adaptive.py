@@ -1,0 +1,112 @@
+"""Adaptive sampling: keep sampling a prompt whose group has no reward spread (rollout.adaptive).
+
+GRPO learns only from groups whose rewards differ; where the policy rarely succeeds, almost every group
+of `group_size` is all failures and trains on nothing. With `rollout.adaptive.max_samples` = M the worker
+draws the prompt's group as usual, and while every draw so far has the same reward and fewer than M were
+drawn, draws another round (`round_size`, default group_size). Then:
+
+- the draws have a spread: the group sent to the trainer keeps `group_size` of them, a balanced subset
+  (as many above the mean of all draws as below, as far as the draws allow; the rest chosen uniformly at
+  random within each side), and carries the mean and std of *all* draws as its advantage baseline
+  (TrajectoryGroup.adaptive). This is Reinforce-Ada's balanced variant (Xiong et al. 2025, "Reinforce-Ada:
+  An Adaptive Sampling Framework for Reinforce-Style LLM Training", arXiv 2510.04996: fixed-size groups with
+  enforced reward diversity, baselines from the statistics of the whole adaptive phase).
+- with `weights: inclusion` (the default) each kept sample also carries a weight, the inverse of its chance
+  to be kept, scaled to the group: w = (g / n) * (n_side / k_side) for g kept of n drawn, k_side kept of the
+  n_side draws on its side of the mean. The trainer multiplies the sample's advantage by it. Then
+  E[sum over kept of w_i * A_i * grad log pi_i] = (g / n) * sum over all draws of A_i * grad log pi_i:
+  the kept group's policy gradient is an unbiased (Horvitz-Thompson) estimate of the gradient the whole
+  set of draws would give, scaled to g samples, with its true mean as baseline. (`weights: none` is the
+  published estimator, which over-weights the rare side.) Hand-computed in tests/rollout/test_adaptive.py.
+- no spread after M draws: the first group_size draws go out with `signal: false`; the trainer records the
+  group as filtered, "no signal after M samples" (the ledger keeps the reason), and trains nothing on it.
+
+Every draw is generated and scored like any other (same engine, versions and staleness); the extra draws
+count in `adaptive.drawn`, the rollout metrics and the controller's prompt memory.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+
+from shared.config.rollout import AdaptiveConfig
+from shared.contract.messages import Sample
+
+
+def has_spread(rewards: Sequence[float], eps: float = 1e-6) -> bool:
+    """Whether the rewards differ by more than eps (a group with a nonzero advantage)."""
+    return bool(rewards) and max(rewards) - min(rewards) > eps
+
+
+def reward_stats(rewards: Sequence[float]) -> tuple[float, float]:
+    """(mean, population std) of the rewards: the GRPO baseline and scale over every draw."""
+    n = len(rewards)
+    mean = sum(rewards) / n
+    return mean, math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
+
+
+def balanced_subset(rewards: Sequence[float], size: int, rng: random.Random, weights: str = "inclusion",
+                    eps: float = 1e-6) -> list[tuple[int, float]]:
+    """(index, weight) of `size` draws kept from `rewards`, in draw order. Sides: above the mean of all
+    draws, and at or below it; the upper side gets half of `size` (at least one), the lower the rest, each
+    side giving what it has and the other making up the difference; uniform within a side. weight =
+    (size / n) * (n_side / k_side) for `inclusion`, 1.0 for `none` (see the module docstring)."""
+    n = len(rewards)
+    if size >= n:
+        return [(i, 1.0) for i in range(n)]
+    mean = sum(rewards) / n
+    high = [i for i, r in enumerate(rewards) if r > mean + eps]
+    low = [i for i, r in enumerate(rewards) if r <= mean + eps]
+    k_high = min(len(high), max(1, size // 2)) if high else 0
+    k_low = min(len(low), size - k_high)
+    k_high = min(len(high), size - k_low)
+    out: list[tuple[int, float]] = []
+    for side, k in ((high, k_high), (low, k_low)):
+        if k == 0:
+            continue
+        w = (size / n) * (len(side) / k) if weights == "inclusion" else 1.0
+        out += [(i, w) for i in rng.sample(side, k)]
+    return sorted(out)
+
+
+@dataclass
+class Drawn:
+    """What adaptive sampling produced for one prompt: the group to send and the account of every draw."""
+
+    samples: list[Sample]
+    drawn: int
+    rounds: int
+    successes: int
+    mean: float
+    std: float
+    signal: bool
+
+    def account(self) -> dict:
+        """TrajectoryGroup.adaptive."""
+        return {"drawn": self.drawn, "rounds": self.rounds, "successes": self.successes, "mean": self.mean,
+                "std": self.std, "signal": self.signal}
+
+
+async def sample_adaptively(draw: Callable[[int, int], Awaitable[list[Sample]]], group_size: int,
+                            cfg: AdaptiveConfig, rng: random.Random) -> Drawn:
+    """Draw rounds with `draw(count, offset)` (offset = samples drawn before it: seeds and indices shift by
+    it) until the rewards have a spread or cfg.max_samples were drawn; then form the group (module docstring)."""
+    budget = max(cfg.max_samples, group_size)
+    step = cfg.round_size or group_size
+    pool: list[Sample] = list(await draw(group_size, 0))
+    rounds = 1
+    while not has_spread([s.reward for s in pool], cfg.eps) and len(pool) < budget:
+        pool += await draw(min(step, budget - len(pool)), len(pool))
+        rounds += 1
+    rewards = [s.reward for s in pool]
+    mean, std = reward_stats(rewards)
+    signal = has_spread(rewards, cfg.eps)
+    if signal:
+        kept = [replace(pool[i], weight=w) for i, w in balanced_subset(rewards, group_size, rng, cfg.weights, cfg.eps)]
+    else:
+        kept = pool[:group_size]
+    return Drawn(samples=kept, drawn=len(pool), rounds=rounds,
+                 successes=sum(r >= cfg.success_reward for r in rewards), mean=mean, std=std, signal=signal)
