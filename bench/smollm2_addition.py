@@ -106,6 +106,11 @@ async def run(args) -> dict:
         res.update({
             "train_s": round(train_s, 1), "steps": len(steps), "final_version": final,
             "completions": sum(s["samples"] for s in steps),
+            # every sample generated and scored (adaptive sampling's extra rounds included), the groups
+            # trained and how many of them had a reward spread
+            "samples_drawn": int(last.get("samples_drawn", 0)),
+            "groups_trained": sum(s.get("groups", 0) for s in steps),
+            "groups_with_signal": sum(s.get("groups_with_signal", 0) for s in steps),
             "generated_tokens": int(last.get("generated_tokens", 0)),
             "s_per_step": round(train_s / n, 2),
             "stage_s": {
