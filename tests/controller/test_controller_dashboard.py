@@ -88,7 +88,7 @@ async def test_dashboard_draws_what_the_api_returns(live, js, nc, tmp_path):
              state="released", released_at_version=0, released_at=0.0, updated_at=0.0) for i, g in enumerate(gids)],
         {}, acked_seq=3)
     prompts = [{"group_id": g, "prompt_id": "", "drawn": 4, "successes": k, "reward_mean": k / 4, "signal": 0 < k < 4,
-                "version": v} for g, k, v in zip(gids, (0, 2, 4), (1, 4, 4))]
+                "version": v} for g, k, v in zip(gids, (0, 2, 4), (1, 4, 4), strict=True)]
     await bus.publish(js, nc, subjects.events("dash", "rollout"), Event(
         run="dash", service="rollout", kind="published", data={"group_ids": gids, "prompts": prompts}))
     await bus.publish(js, nc, subjects.events("dash", "trainer"), Event(

@@ -7,8 +7,16 @@ permutation; the memory is still there after the restarts (REST views)."""
 from __future__ import annotations
 
 import numpy as np
-from controller_helpers import make_config, maxdigit_rows, prompts_count, run_config, start_live, stop_live, wait_for, \
-    write_jsonl
+from controller_helpers import (
+    make_config,
+    maxdigit_rows,
+    prompts_count,
+    run_config,
+    start_live,
+    stop_live,
+    wait_for,
+    write_jsonl,
+)
 from sqlalchemy import select
 
 from controller.db import Ledger, PromptMemory
