@@ -168,7 +168,8 @@ def status_cmd(
     token: str = typer.Option("", envvar="JETRL_TOKEN", help="Bearer token (default: controller.token[_file])."),
     config: str = CONFIG_OPTION,
 ) -> None:
-    """Show runs: status, weight version, admission bound and the prompt ledger."""
+    """Show runs: status, weight version, admission bound, the prompt ledger, and a warning while the
+    trainer reports no learning signal."""
     cfg = load_or_exit(config, [])
     with _client(url or cfg.controller.url, token or _config_token(cfg)) as c:
         runs = [_check(c.get(f"/v1/runs/{run}"))] if run else _check(c.get("/v1/runs"))
@@ -186,6 +187,10 @@ def status_cmd(
         typer.echo(f"  enqueued {r['enqueued']}  released {lg['released']}  in flight {lg['in_flight']}  "
                    f"trained {lg['trained']}  dropped stale {lg['dropped_stale']}  filtered {lg['filtered']}  "
                    f"dead-lettered {lg['dead_lettered']}")
+        sig = r.get("signal") or {}
+        if sig.get("no_signal"):
+            typer.secho(f"  WARNING: no learning signal since step {sig.get('since_step')} (step {sig.get('step')}): "
+                        f"{sig.get('message') or 'the trainer is training only zero-advantage groups'}", fg="yellow")
     for s in health["services"]:
         if run is None or s["run"] == run:
             typer.echo(f"  {s['run']}/{s['service']} {s['instance']}: {s['status'] if s['alive'] else 'silent'} "

@@ -1,5 +1,6 @@
 """The controller's SQL schema (SQLAlchemy 2.x): datasets, runs, enqueues, the prompt ledger, weight
-versions, metrics, events and service health. SQLite by default, PostgreSQL by URL.
+versions, metrics, events, service health, prompt memory (per-group observations and per-prompt totals)
+and each run's learning-signal state. SQLite by default, PostgreSQL by URL.
 
 Times are unix seconds (floats) so both databases store them the same way. `open_database(url)` creates
 the schema at start-up and refuses a database written by a newer jetrl (SCHEMA_VERSION).
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -21,6 +23,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
@@ -167,6 +170,78 @@ class Health(Base):
     status: Mapped[str] = mapped_column(String(32))
     last_seen: Mapped[float] = mapped_column(Float)
     data: Mapped[dict] = mapped_column(JSON)
+
+
+class PromptObservation(Base):
+    """One row per group whose trajectory arrived (rollout "published" event, `prompts` field): what the
+    rollout saw for that prompt at that time. The group id key makes a redelivered or repeated report
+    count once (controller/memory.py)."""
+
+    __tablename__ = "prompt_observations"
+    group_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(64))
+    prompt_id: Mapped[str] = mapped_column(String(128))
+    dataset_key: Mapped[str] = mapped_column(String(64))  # the prompt id before its last '-': content hash[:12]
+    epoch: Mapped[int] = mapped_column(Integer)
+    drawn: Mapped[int] = mapped_column(Integer)  # samples generated for the group (adaptive sampling: more)
+    successes: Mapped[int] = mapped_column(Integer)  # samples with reward >= the rollout's success threshold
+    reward_mean: Mapped[float] = mapped_column(Float)  # over every drawn sample
+    signal: Mapped[bool] = mapped_column(Boolean)  # the drawn rewards had a spread
+    version: Mapped[int] = mapped_column(Integer)  # newest policy version among the group's tokens
+    time: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        Index("ix_obs_run_version", "run_id", "version"),
+        Index("ix_obs_dataset", "dataset_key"),
+    )
+
+
+class PromptMemory(Base):
+    """Per prompt id, over every run: the totals of its observations and its last one. Prompt ids are
+    `<content hash[:12]>-<row>`, so a second run on the same data reads the first one's memory."""
+
+    __tablename__ = "prompt_memory"
+    prompt_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    dataset_key: Mapped[str] = mapped_column(String(64))
+    sampled: Mapped[int] = mapped_column(Integer, default=0)  # sum of drawn
+    successes: Mapped[int] = mapped_column(Integer, default=0)
+    groups: Mapped[int] = mapped_column(Integer, default=0)
+    signal_groups: Mapped[int] = mapped_column(Integer, default=0)  # groups whose rewards had a spread
+    reward_sum: Mapped[float] = mapped_column(Float, default=0.0)  # sum of reward_mean x drawn
+    solve_rate: Mapped[float] = mapped_column(Float, default=0.0)  # successes / sampled
+    last_version: Mapped[int] = mapped_column(Integer, default=-1)  # the newest version it was observed at
+    last_run: Mapped[str] = mapped_column(String(64), default="")
+    last_signal: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_successes: Mapped[int] = mapped_column(Integer, default=0)
+    last_drawn: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+    __table_args__ = (Index("ix_memory_dataset_updated", "dataset_key", "updated_at"),)
+
+
+class RunSignal(Base):
+    """The trainer's latest "no_signal" report of a run (the one with the highest step wins)."""
+
+    __tablename__ = "run_signal"
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    no_signal: Mapped[bool] = mapped_column(Boolean)
+    step: Mapped[int] = mapped_column(Integer)
+    since_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    groups: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+def upsert(s, table, rows: list[dict], keys: list[str], set_: dict, where=None):
+    """INSERT ... ON CONFLICT (keys) DO UPDATE SET set_ [WHERE where] (set_ / where given a function of
+    the `excluded` row), or DO NOTHING when set_ is empty; PostgreSQL and SQLite (>= 3.24) alike."""
+    dialect = postgresql if s.get_bind().dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(table).values(rows)
+    if not set_:
+        return stmt.on_conflict_do_nothing(index_elements=keys)
+    ex = stmt.excluded
+    return stmt.on_conflict_do_update(index_elements=keys, set_=set_(ex) if callable(set_) else set_,
+                                      where=where(ex) if where is not None else None)
 
 
 class SchemaTooNew(RuntimeError):

@@ -3,7 +3,9 @@
 - KV `jetrl_weights` key `<run>`: every WeightVersion is recorded and raises the admission bound.
 - `jetrl.<run>.events.>` (durable consumer `controller-events-<run>`): events are stored (health ones
   only update the health table); trainer "step" and rollout "metrics" numbers become metric series;
-  trainer "groups" and rollout "published" move ledger rows forward.
+  trainer "groups" and rollout "published" move ledger rows forward (a filtered group keeps the trainer's
+  reason); a "published" event's `prompts` go into the prompt memory (memory.py); a trainer "no_signal"
+  event sets the run's signal state (no_signal.py).
 - `jetrl.<run>.dlq.>` (durable `controller-dlq-<run>`): the original message is decoded as a
   PromptTask or TrajectoryGroup to find its group, which becomes dead_lettered.
 A redelivered event (stream sequence already stored) changes nothing.
@@ -20,7 +22,7 @@ from nats.aio.msg import Msg
 from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 
-from controller import ledger
+from controller import ledger, memory, no_signal
 from controller.db import (
     DEAD_LETTERED,
     DROPPED_STALE,
@@ -118,10 +120,24 @@ def _move_groups(s, run_id: str, ev: Event) -> int:
         version = _int32(ev.data.get("version"))
         moved += ledger.mark_in(s, run_id, _ids(ev.data.get("trained")), TRAINED, trained_version=version)
         moved += ledger.mark_in(s, run_id, _ids(ev.data.get("dropped_stale")), DROPPED_STALE)
-        moved += ledger.mark_in(s, run_id, _ids(ev.data.get("filtered")), FILTERED)
+        moved += _mark_filtered(s, run_id, _ids(ev.data.get("filtered")), ev.data.get("filtered_reasons"))
     elif ev.kind == "published":
         moved += ledger.mark_in(s, run_id, _ids(ev.data.get("group_ids")), RECEIVED)
+        # the same transaction: a redelivery (its event row already stored) records nothing twice
+        memory.record(s, run_id, ev.data.get("prompts"), ev.time)
+    elif ev.kind == "no_signal" and ev.service == "trainer":
+        no_signal.record(s, run_id, ev.data)
     return moved
+
+
+def _mark_filtered(s, run_id: str, group_ids: list[str], reasons) -> int:
+    """Filtered groups, each with its reason from `filtered_reasons` ({group id: reason}) when given."""
+    by_reason: dict[str | None, list[str]] = {}
+    reasons = reasons if isinstance(reasons, dict) else {}
+    for g in group_ids:
+        r = reasons.get(g)
+        by_reason.setdefault(r if isinstance(r, str) and r else None, []).append(g)
+    return sum(ledger.mark_in(s, run_id, ids, FILTERED, reason=r) for r, ids in by_reason.items())
 
 
 def store_dead_letter(Session_, run_id: str, dl: DeadLetter, seq: int | None) -> bool:

@@ -7,6 +7,10 @@ published with publish_async under Nats-Msg-Id = group id; the ack watermark (ru
 advanced in the next batch's transaction. The DB write of batch k+1 overlaps the JetStream acks of
 batch k. The loop sleeps until something can change the bound: a new weight version, a freed group,
 a new enqueue, resume (`wake()`), or poll_interval_s.
+
+Which rows go next: `launch.sampling` of the run's config. `uniform` releases each epoch in its order
+(`position`: file order, or shuffled by (seed, epoch)); `learnable-first` reorders the rest of the
+current epoch by the prompt memory (sampling.py), releasing every row exactly once per epoch all the same.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from sqlalchemy import select
 
 from controller import ledger
 from controller.db import RELEASED, Enqueue, Ledger, Run, now
+from controller.sampling import LearnableFirst
 from shared.config import JetrlConfig
 from shared.contract import bus, subjects
 from shared.contract.messages import PromptTask
@@ -34,12 +39,7 @@ def prompt_id_for(content_hash: str, row_index: int) -> str:
     return f"{content_hash[:12]}-{row_index}"
 
 
-def position(enq: Enqueue, pos: int, perm_cache: dict) -> tuple[int, int]:
-    """(epoch, row index) of the `pos`-th prompt of an enqueue: epochs in order, rows shuffled per epoch
-    by (shuffle_seed, epoch) when a seed is set, else in file order; `limit` keeps the first rows."""
-    local_epoch, k = divmod(pos, enq.rows_per_epoch)
-    if enq.shuffle_seed is None:
-        return enq.epoch_offset + local_epoch, k
+def _permutation(enq: Enqueue, local_epoch: int, perm_cache: dict) -> np.ndarray:
     key = (enq.id, local_epoch)
     perm = perm_cache.get(key)
     if perm is None:
@@ -47,7 +47,23 @@ def position(enq: Enqueue, pos: int, perm_cache: dict) -> tuple[int, int]:
         if len(perm_cache) > 64:
             perm_cache.clear()
         perm_cache[key] = perm
-    return enq.epoch_offset + local_epoch, int(perm[k])
+    return perm
+
+
+def position(enq: Enqueue, pos: int, perm_cache: dict) -> tuple[int, int]:
+    """(epoch, row index) of the `pos`-th prompt of an enqueue: epochs in order, rows shuffled per epoch
+    by (shuffle_seed, epoch) when a seed is set, else in file order; `limit` keeps the first rows."""
+    local_epoch, k = divmod(pos, enq.rows_per_epoch)
+    if enq.shuffle_seed is None:
+        return enq.epoch_offset + local_epoch, k
+    return enq.epoch_offset + local_epoch, int(_permutation(enq, local_epoch, perm_cache)[k])
+
+
+def epoch_order(enq: Enqueue, local_epoch: int, perm_cache: dict) -> np.ndarray:
+    """Every row index of one epoch in `position`'s order (the order learnable-first breaks ties by)."""
+    if enq.shuffle_seed is None:
+        return np.arange(enq.rows_per_epoch)
+    return _permutation(enq, local_epoch, perm_cache)
 
 
 @dataclass
@@ -143,6 +159,7 @@ class RunReleaser:
         self._recount = False
         self._tokens = 0.0
         self._token_time = time.monotonic()
+        self._order: LearnableFirst | None = None  # launch.sampling learnable-first (set by run())
 
     # --- signals ------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -186,6 +203,9 @@ class RunReleaser:
         run, _ = await asyncio.to_thread(self._load)
         if run is None:
             return
+        # a (re)started loop reads what each epoch released from the ledger again (sampling.py)
+        self._order = LearnableFirst(self.ctl.Session, self.run_id) \
+            if self._config(run).launch.sampling == "learnable-first" else None
         await self._adopt_stored_version(run.current_version)
         self.outstanding = await asyncio.to_thread(self._count)
         await self._republish_unconfirmed()
@@ -225,6 +245,8 @@ class RunReleaser:
             return run.status, None
         rows, cursors, msgs = planned
         ledger.reserve(self.ctl.Session, self.run_id, rows, cursors, acked_seq)
+        if self._order is not None:
+            self._order.commit(rows)
         self.outstanding += len(rows)
         return run.status, (rows, msgs)
 
@@ -295,8 +317,7 @@ class RunReleaser:
         for enq in enqueues:
             reader, content_hash, name = self.ctl.reader(enq.dataset_id)
             pos = enq.next_pos
-            while pos < enq.total and len(rows) < n:
-                epoch, idx = position(enq, pos, self._perm_cache)
+            for epoch, idx in self._next_rows(enq, content_hash, n - len(rows)):
                 pid = prompt_id_for(content_hash, idx)
                 task = PromptTask(run=self.run_id, prompt_id=pid, epoch=epoch, payload=reader.payload(idx),
                                   dataset=name, workflow=cfg.rollout.workflow, group_size=cfg.rollout.group_size,
@@ -312,6 +333,13 @@ class RunReleaser:
             if len(rows) >= n:
                 break
         return (rows, cursors, msgs) if rows else None
+
+    def _next_rows(self, enq: Enqueue, content_hash: str, want: int) -> list[tuple[int, int]]:
+        """(epoch, row index) of the enqueue's next `want` releases, in launch.sampling's order."""
+        if self._order is None:
+            return [position(enq, pos, self._perm_cache) for pos in range(enq.next_pos, min(enq.total, enq.next_pos + want))]
+        return self._order.next_rows(enq, content_hash, want,
+                                     lambda e, local_epoch: epoch_order(e, local_epoch, self._perm_cache))
 
     # --- publishing ---------------------------------------------------------------------------
     async def _send(self, last_seq: int, msgs: list[tuple[str, bytes]]) -> Pending:

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from controller import ledger
+from controller import ledger, no_signal
 from controller.datasets import Normalized
 from controller.db import Dataset, Enqueue, EventRow, Health, Metric, Run, WeightVersionRow, now
 from shared.config import JetrlConfig
@@ -125,7 +125,7 @@ def run_dict(s: Session, r: Run) -> dict:
     return {"id": r.id, "status": r.status, "created_at": r.created_at, "updated_at": r.updated_at,
             "current_version": r.current_version, "max_staleness": ms, "batch_size": bs,
             "current_step": step, "admission_bound": ledger.admission_bound(step, ms, bs, total, every),
-            "enqueued": int(enq_total), "ledger": summ}
+            "enqueued": int(enq_total), "ledger": summ, "signal": no_signal.state(s, r.id)}
 
 
 def get_run(s: Session, run_id: str) -> Run:

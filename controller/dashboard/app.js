@@ -3,7 +3,9 @@
 
 const POLL_MS = 2000;
 const COLORS = ["#1a73e8", "#e8711a", "#1f8a4c", "#b3261e", "#7b1fa2", "#00838f", "#6d4c41", "#c2185b", "#827717"];
-const state = { run: new URLSearchParams(location.search).get("run"), charts: {}, queueHistory: [] };
+const state = { run: new URLSearchParams(location.search).get("run"), charts: {}, queueHistory: [],
+                statsRun: null, statsAt: 0 };
+const STATS_MS = 10000;  // the prompt-memory view reads every observation of the run: not every poll
 
 // The controller's token comes in the URL fragment (/#token=...), which browsers never send to a server
 // nor write to its logs; it is kept for this tab only (sessionStorage) and sent as a bearer token.
@@ -138,6 +140,56 @@ function renderMetrics(m) {
   const tpNames = Object.keys(m).filter((n) => /tokens_per_s$/.test(n)).sort();
   const t = merge(m, tpNames.filter((n) => n.startsWith("trainer.")));
   chart("chart-throughput", t.xs, t.series, { xlabel: "version", empty: "no throughput reported yet" });
+  const sigNames = Object.keys(m).filter((n) => /^trainer\.(groups_with_signal|samples_drawn|samples_trained)$/.test(n)).sort();
+  const g = merge(m, sigNames);
+  chart("chart-signal", g.xs, g.series, { xlabel: "version", empty: "no signal counts reported yet" });
+}
+
+// The trainer's "no_signal" report of the selected run (GET /v1/runs: run.signal), as a banner.
+function renderSignal(runs) {
+  const banner = document.getElementById("signal-banner");
+  const r = runs.find((x) => x.id === state.run);
+  const sig = r && r.signal;
+  if (sig && sig.no_signal) {
+    banner.textContent = `No learning signal in run ${r.id} since step ${sig.since_step}` +
+                         (sig.message ? ": " + sig.message : "");
+    banner.dataset.run = r.id;
+    banner.hidden = false;
+  } else {
+    banner.textContent = "";
+    banner.hidden = true;
+  }
+}
+
+// GET /v1/runs/{run}/prompts/stats: per version bucket, the share of prompts at each solve rate (exactly 0,
+// the ten bins between, exactly 1), one line per bucket (the last six); the classes; the most sampled prompts.
+function renderPromptStats(st) {
+  const h = st.histogram;
+  const bins = h.counts.map((_, i) => (h.edges[i] + h.edges[i + 1]) / 2);
+  const buckets = st.by_version.filter((b) => b.prompts > 0).slice(-6);
+  const xs = buckets.length ? [0, ...bins, 1] : [];
+  const series = buckets.map((b) => ({
+    label: b.versions[0] === b.versions[1] ? "v" + b.versions[0] : "v" + b.versions[0] + "-" + b.versions[1],
+    values: [b.histogram.zero, ...b.histogram.counts, b.histogram.one].map((n) => n / b.prompts),
+  }));
+  chart("chart-solve", xs, series, { xlabel: "solve rate", empty: "no prompts observed yet" });
+  const kv = document.getElementById("prompt-classes");
+  kv.textContent = "";
+  const rows = [["prompts observed", st.prompts_observed], ["samples drawn", st.samples_drawn],
+                ["groups with signal", st.groups_with_signal + " of " + st.groups_observed],
+                ["filtered for no signal", st.filtered.no_signal]];
+  for (const [k, v] of Object.entries(st.classes)) rows.push([k.replace("_", " "), v]);
+  for (const [k, v] of rows) {
+    kv.appendChild(el("span", {}, k));
+    kv.appendChild(el("span", { "data-stat": k }, String(v)));
+  }
+  const tbody = document.querySelector("#prompt-top tbody");
+  tbody.textContent = "";
+  for (const p of st.top.slice(0, 8)) {
+    const tr = el("tr", { "data-prompt": p.prompt_id });
+    for (const v of [p.prompt_id, p.sampled, p.solve_rate.toFixed(2), p.class]) tr.appendChild(el("td", {}, String(v)));
+    tbody.appendChild(tr);
+  }
 }
 
 function renderStaleness(hist) {
@@ -254,6 +306,7 @@ async function refresh() {
     const [health, runs] = await Promise.all([getJSON("/v1/health"), getJSON("/v1/runs")]);
     renderHealth(health);
     renderRuns(runs);
+    renderSignal(runs);
     if (state.run) {
       const base = "/v1/runs/" + encodeURIComponent(state.run);
       const [m, hist, q, tm] = await Promise.all([getJSON(base + "/metrics"), getJSON(base + "/staleness"),
@@ -262,6 +315,11 @@ async function refresh() {
       renderStaleness(hist);
       renderQueues(q);
       renderTimings(tm);
+      if (state.statsRun !== state.run || Date.now() - state.statsAt > STATS_MS) {
+        renderPromptStats(await getJSON(base + "/prompts/stats?limit=8"));
+        state.statsRun = state.run;
+        state.statsAt = Date.now();
+      }
       if (viewer.run !== state.run) await loadRollouts(false);  // once per run; then on search / older
     }
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from shared.config.base import Section
@@ -15,6 +17,14 @@ class LaunchConfig(Section):
     epochs: int = Field(1, ge=1, description="Passes over launch.dataset (the --epochs flag wins).")
     shuffle_seed: int | None = Field(
         None, description="Shuffle launch.dataset per epoch with this seed (None = file order; --shuffle-seed wins)."
+    )
+    sampling: Literal["uniform", "learnable-first"] = Field(
+        "uniform",
+        description="Which not-yet-released prompt of the current epoch the controller releases next. uniform: "
+        "the epoch's order (file order, or shuffled by shuffle_seed). learnable-first: by the prompt memory of "
+        "every run on the same data (docs/controller.md, 'Prompt memory'): prompts whose last observation had "
+        "a reward spread first, then unseen ones, then seen ones without spread, then never-solved, then "
+        "always-solved last; ties in the epoch's order. Either way each prompt goes once per epoch.",
     )
     torch_threads: int = Field(
         0, ge=0,

@@ -54,5 +54,33 @@ async def test_enqueue_reports_bad_rows_and_auth_errors(live, tmp_path):
     assert rc == 1 and "error 404: run 'nope' not found" in out
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_status_warns_while_the_trainer_reports_no_learning_signal(live, nc, js):
+    from shared.contract import bus, subjects
+    from shared.contract.messages import Event
+
+    assert (await live.http.post("/v1/runs", json=run_config("ns1", 1, 4))).status_code == 201
+
+    async def say(step, active, message):
+        data = {"active": active, "step": step, "since_step": 12, "groups": 32, "message": message}
+        await bus.publish(js, nc, subjects.events("ns1", "trainer"),
+                          Event(run="ns1", service="trainer", kind="no_signal", data=data))
+        await wait_for(lambda: _signal_is(live, active), what=f"no_signal {active}")
+
+    await say(20, True, "8 steps trained only zero-advantage groups\x1b[2J")
+    rc, out = await jetrl("status", "ns1", "--url", live.url)
+    assert rc == 0 and "WARNING: no learning signal since step 12 (step 20): 8 steps trained only zero-advantage " \
+        "groups" in out and "\x1b" not in out
+    sig = (await live.http.get("/v1/runs/ns1")).json()["signal"]
+    assert sig["no_signal"] and sig["since_step"] == 12 and sig["message"].endswith("groups [2J")
+    await say(25, False, "signal is back")
+    rc, out = await jetrl("status", "ns1", "--url", live.url)
+    assert rc == 0 and "WARNING" not in out
+
+
+async def _signal_is(live, active):
+    return (await live.http.get("/v1/runs/ns1")).json()["signal"]["no_signal"] is active
+
+
 async def _count(js, run, n):
     return await prompts_count(js, run) == n

@@ -16,6 +16,7 @@ import pytest
 from ci_gate import unavailable
 from controller_helpers import AUTH, TOKEN, run_config, wait_for
 
+from controller import ledger
 from shared.contract import bus, codec, subjects
 from shared.contract.messages import TRAINER_STAGES, Event, Sample, TrajectoryGroup
 from shared.model.tinymodel import build_tokenizer
@@ -72,12 +73,27 @@ async def test_dashboard_draws_what_the_api_returns(live, js, nc, tmp_path):
         t = dict.fromkeys(TRAINER_STAGES, 0.0)
         t.update(wait=0.5, forward=0.2 * v, backward=0.4, optimizer=0.1, publish=0.3)
         data = {"version": v, "step": v, "loss": 1.0 / v, "reward_mean": reward, "accuracy": reward * 0.8,
+                "groups_with_signal": v, "samples_drawn": 8 * v, "samples_trained": 4 * v,
                 "tokens_per_s": 900.0 + 10 * v, "staleness_hist": {"0": 10, "1": v}, "wall_s": sum(t.values()),
                 "timings": t, "rollout_timings": {"generate": 1.5, "reward": 0.25, "tools": 0.0, "queue_wait": 2.0}}
         await bus.publish(js, nc, subjects.events("dash", "trainer"),
                           Event(run="dash", service="trainer", kind="step", data=data))
     await bus.publish(js, nc, subjects.events("dash", "rollout"),
                       Event(run="dash", service="rollout", kind="health", data={"status": "ok"}, instance="w0"))
+    # prompt memory: three groups released, observed at versions 1 and 4; the trainer says no signal, in
+    # a message that tries to inject markup (the banner must show it as text)
+    gids = [subjects.group_id("dash", 0, f"feed{i}-{i}") for i in range(3)]
+    ledger.reserve(live.ctl.Session, "dash", [
+        dict(group_id=g, run_id="dash", enqueue_id=1, epoch=0, prompt_id=f"feed{i}-{i}", row_index=i, seq=i + 1,
+             state="released", released_at_version=0, released_at=0.0, updated_at=0.0) for i, g in enumerate(gids)],
+        {}, acked_seq=3)
+    prompts = [{"group_id": g, "prompt_id": "", "drawn": 4, "successes": k, "reward_mean": k / 4, "signal": 0 < k < 4,
+                "version": v} for g, k, v in zip(gids, (0, 2, 4), (1, 4, 4), strict=True)]
+    await bus.publish(js, nc, subjects.events("dash", "rollout"), Event(
+        run="dash", service="rollout", kind="published", data={"group_ids": gids, "prompts": prompts}))
+    await bus.publish(js, nc, subjects.events("dash", "trainer"), Event(
+        run="dash", service="trainer", kind="no_signal",
+        data={"active": True, "step": 5, "since_step": 3, "groups": 12, "message": "zero advantage <img src=x onerror=alert(1)>"}))
     tok = build_tokenizer()
     for i in range(12):
         parts = [("call(", 4), ("=42", -1), (str(i % 10), 5)] if i % 3 == 0 else [(str(i % 10), 5)]
@@ -90,6 +106,13 @@ async def test_dashboard_draws_what_the_api_returns(live, js, nc, tmp_path):
         return len(m.get("trainer.reward_mean", [])) == 5
 
     await wait_for(stored, what="5 reward points stored")
+
+    async def observed():
+        st = (await live.http.get("/v1/runs/dash/prompts/stats")).json()
+        sig = (await live.http.get("/v1/runs/dash")).json()["signal"]
+        return st["prompts_observed"] == 3 and sig["no_signal"]
+
+    await wait_for(observed, what="prompt memory and the no-signal report stored")
     timings = (await live.http.get("/v1/runs/dash/timings", params={"last": 500})).json()
     hist = (await live.http.get("/v1/runs/dash/staleness")).json()
     page = (await live.http.get("/v1/runs/dash/rollouts", params={"limit": 10})).json()
@@ -122,6 +145,19 @@ async def test_dashboard_draws_what_the_api_returns(live, js, nc, tmp_path):
     assert re.search(r'<span class="seg-tool" data-kind="tool" data-version="-1" title="[^"]*">=42</span>', dom)
     assert re.search(r'<span class="seg-policy" data-kind="policy" data-version="5" title="sampled by version 5">', dom)
     assert 'data-run="dash"' in dom and "w0" in dom and "nats connected" in dom
+    # the no-signal banner, as text; the solve-rate chart: 12 points (0, ten bins, 1) per version bucket seen
+    banner = re.search(r'<div id="signal-banner"[^>]*>(.*?)</div>', dom)
+    assert banner and "hidden" not in banner.group(0).split(">")[0], banner
+    assert "No learning signal in run dash since step 3: zero advantage &lt;img" in banner.group(1)
+    assert "<img src=x" not in dom
+    solve = attrs(dom, "chart-solve")
+    assert solve["data-points"] == "12" and solve["data-series"] == "v1,v4"
+    assert "<canvas" in dom[dom.index('id="chart-solve"'): dom.index('id="prompt-classes"')]
+    assert re.search(r'data-stat="learnable">1<', dom) and re.search(r'data-stat="never solved">1<', dom)
+    assert re.search(r'data-stat="always solved">1<', dom)
+    assert attrs(dom, "chart-signal")["data-series"] == \
+        "trainer.groups_with_signal,trainer.samples_drawn,trainer.samples_trained"
+    assert dom.count("<tr data-prompt=") == 3
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "controller-dashboard.png"
