@@ -39,6 +39,7 @@ BUILTIN: dict[str, str] = {
     "maxdigit": "reward_service.scorers.maxdigit:score",
     "sort": "reward_service.scorers.sortdigits:score",
     "addition": "reward_service.scorers.addition:score",
+    "subtraction": "reward_service.scorers.addition:score",  # the same rule: the first integer is the answer
 }
 
 # Where each built-in runs when `reward.executor` is `auto`. Custom scorers run in threads.
@@ -48,6 +49,7 @@ MODES: dict[str, str] = {
     "maxdigit": "inline",
     "sort": "inline",
     "addition": "inline",
+    "subtraction": "inline",
     "regex": "process",  # a user pattern can backtrack for ever: only a process can be killed
     "math": "process",  # sympy is CPU-heavy and can hang; math-verify's own alarm works in a main thread
     "code": "thread",  # the sandbox is a subprocess with its own limits; the thread only waits on it

@@ -23,8 +23,14 @@ class SecretFileError(ValueError):
 
 
 def new_token(nbytes: int = 32) -> str:
-    """A fresh random token (URL-safe text, `nbytes` of entropy)."""
-    return secrets.token_urlsafe(nbytes)
+    """A fresh random token: a letter, then URL-safe text of `nbytes` of entropy.
+
+    The leading letter makes every token safe where nats-server reads it from the environment
+    (`password: $JETRL_NATS_PASSWORD_ROLLOUT` in compose/nats.conf): nats-server parses a variable's value
+    as a config value, so one that begins with "-" or a digit ("1-2..." reads as a date) can be a parse
+    error, and the server does not start (tests/shared/test_nats_permissions.py).
+    """
+    return "t" + secrets.token_urlsafe(nbytes)
 
 
 def write_private(path: str | os.PathLike, text: str) -> Path:

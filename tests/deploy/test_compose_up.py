@@ -122,7 +122,7 @@ def test_compose_up_trains_scales_survives_a_kill_and_balances_the_ledger(jetrl_
                 except Exception as exc:
                     last = f" ({type(exc).__name__}: {exc})"
                 time.sleep(1)
-            raise AssertionError(f"timed out waiting for {what}{last}\n{logs()}")
+            raise AssertionError(f"timed out waiting for {what}{last}\n{logs()}\n--- nats ---\n{nats_diagnostics()}")
 
         until(lambda: api.get("/v1/health").json()["nats"] == "connected", "the controller")
         run_yaml = (ROOT / "compose" / "run.yaml").read_text()

@@ -196,7 +196,7 @@ def test_each_service_is_its_own_nats_user_and_only_the_controller_manages_strea
         assert env["JETRL__STREAMS__MANAGE"]["value"] == ("true" if role == "controller" else "false"), name
     # one generated password per role, all different
     pws = {r: secret[f"nats-password-{r}"] for r in ROLES}
-    assert all(len(p) == 32 and p.isalnum() for p in pws.values()) and len(set(pws.values())) == len(ROLES)
+    assert all(len(p) == 33 and p[0].isalpha() and p.isalnum() for p in pws.values()) and len(set(pws.values())) == len(ROLES)
     # the NATS server reads every role's password from the same Secret; nats-box is the admin
     nats_env = {e["name"]: e for e in by_kind(default_docs, "StatefulSet")["rl-nats"]["spec"]["template"]["spec"][
         "containers"][0]["env"]}
@@ -211,6 +211,10 @@ def test_each_service_is_its_own_nats_user_and_only_the_controller_manages_strea
 def test_given_passwords_existing_secret_external_nats_and_the_opt_out():
     given = render({"secrets": {"natsPasswords": {"rollout": "pw-rollout-given"}}})
     assert by_kind(given, "Secret")["rl-jetrl-secrets"]["stringData"]["nats-password-rollout"] == "pw-rollout-given"
+    # nats-server parses a value it reads from the environment: one starting with a digit or "-" is refused here
+    for bad in ("1-2pw", "-pw"):
+        with pytest.raises(helm.HelmError, match="natsPasswords.rollout"):
+            render({"secrets": {"natsPasswords": {"rollout": bad}}})
     # an existing Secret: the bundled NATS chart must be pointed at it too, or the chart refuses
     with pytest.raises(helm.HelmError, match="nats.jetrlSecret"):
         render({"secrets": {"existingSecret": "mine"}})

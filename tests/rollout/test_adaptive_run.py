@@ -62,6 +62,7 @@ async def test_adaptive_sampling_trains_only_groups_with_signal_and_accounts_for
 
         published = await poll_until(all_published, 60, "every decided group's published record")
         steps = (await http.get("/v1/runs/adaptive/events", params={"kind": "step", "limit": 1000})).json()
+        stats = (await http.get("/v1/runs/adaptive/prompts/stats")).json()
         ledger = (await http.get("/v1/runs/adaptive/ledger")).json()
     finally:
         await launcher.stop()
@@ -90,5 +91,10 @@ async def test_adaptive_sampling_trains_only_groups_with_signal_and_accounts_for
         assert d["groups_with_signal"] == d["groups"] == BATCH
         assert d["samples_trained"] == BATCH * GROUP and d["samples_drawn"] >= d["samples_trained"]
         assert all(int(k) <= STALENESS for k in d["staleness_hist"])
+    # the controller's prompt memory saw every published group once, with every draw
+    assert stats["groups_observed"] == len(prompts) and stats["samples_drawn"] == sum(r["drawn"] for r in prompts.values())
+    assert stats["groups_with_signal"] == sum(r["signal"] for r in prompts.values())
+    assert stats["histogram"]["zero"] == sum(r["successes"] == 0 for r in prompts.values()) > 0
+    assert stats["histogram"]["one"] == sum(r["successes"] == r["drawn"] for r in prompts.values()) > 0
     assert ledger["balanced"] and ledger["in_flight"] == 0
     assert ledger["trained"] == STEPS * BATCH and ledger["filtered"] == len(filtered) > 0

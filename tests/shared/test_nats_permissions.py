@@ -6,13 +6,16 @@ the users of shared/runtime/nats_permissions.py, scoped to run `r1`:
   others only bind to them (streams.manage false), prompts flow controller -> rollout consumer ->
   trajectories -> trainer consumer, events reach the controller's consumer, the tracker's ordered consumer
   reads, KV watch/latest work for readers;
-- compose/nats.conf holds exactly the generated authorization block; monitoring is on loopback."""
+- compose/nats.conf holds exactly the generated authorization block; monitoring is on loopback;
+- passwords from `jetrl secrets` (new_token) parse where nats.conf reads them from the environment."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,8 +23,9 @@ import pytest
 from shared.config import NatsConfig, StreamsConfig
 from shared.contract import bus, consumer, subjects
 from shared.contract.messages import Event, WeightVersion
+from shared.runtime.credentials import new_token
 from shared.runtime.nats_permissions import ROLES, env_var, permissions, server_authorization, user_name
-from shared.runtime.natsd import EmbeddedNats
+from shared.runtime.natsd import EmbeddedNats, nats_server_binary
 from weight_store.announce import announce, latest, watch
 
 RUN, OTHER = "r1", "r2"
@@ -256,3 +260,20 @@ def test_compose_nats_conf_is_the_generated_one_and_monitoring_is_loopback():
     srv = EmbeddedNats(host="0.0.0.0")
     assert f"http: 127.0.0.1:{srv.monitor_port}" in srv.config_text()
     srv.close()
+
+
+def test_generated_passwords_parse_as_nats_conf_variables(tmp_path):
+    """nats-server parses a `$VAR`'s value as a config value: a password that begins with "-" or a digit
+    ("1-2...", a date to it) stops the server starting (compose's NATS container once failed so on a random token)."""
+    def valid(passwords: list[str]) -> subprocess.CompletedProcess:
+        users = "\n".join(f'    {{user: "u{i}", password: $PW_{i}}}' for i in range(len(passwords)))
+        conf = tmp_path / "nats.conf"
+        conf.write_text(f"listen: 127.0.0.1:4222\nauthorization {{\n  users = [\n{users}\n  ]\n}}\n")
+        env = {**os.environ, **{f"PW_{i}": pw for i, pw in enumerate(passwords)}}
+        return subprocess.run([nats_server_binary(), "-c", str(conf), "-t"], env=env, capture_output=True,
+                              text=True, timeout=30)
+
+    tokens = [new_token() for _ in range(512)]
+    r = valid(tokens)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert valid(["-" + tokens[0]]).returncode != 0 and valid(["1-2" + tokens[0]]).returncode != 0
