@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench.smollm2_addition, when run as a script
 
 
 def side(name: str, res: dict) -> dict:

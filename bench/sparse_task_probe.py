@@ -35,7 +35,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from reward_service.scorers import load_scorer
-    from shared.config import load_config
+    from shared.config import JetrlConfig, load_config
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default=str(ROOT / "examples" / "sparse_smollm2.yaml"))
@@ -43,11 +43,11 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=64, help="Draws per prompt (n of pass@k).")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    cfg = load_config(args.config)
+    cfg = load_config(JetrlConfig, args.config)
     score = load_scorer(cfg.reward.task)
     rows = [json.loads(x) for x in Path(cfg.eval.dataset).read_text().splitlines() if x.strip()]
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32).eval()
     max_new = cfg.eval.max_new_tokens or cfg.rollout.sampling.max_new_tokens
     temp = cfg.rollout.sampling.temperature
     torch.manual_seed(args.seed)
@@ -65,13 +65,15 @@ def main() -> None:
     with torch.inference_mode():
         for r in rows:
             x = ids(r)
-            out = model.generate(x, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.eos_token_id)
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
+                                 pad_token_id=tok.eos_token_id)
             greedy += solved(out, x.shape[1], r["reference"])
         counts = []
         for r in rows[:args.prompts]:
             x = ids(r)
-            out = model.generate(x.repeat(args.samples, 1), max_new_tokens=max_new, do_sample=True, temperature=temp,
-                                 top_p=1.0, top_k=0, pad_token_id=tok.eos_token_id)
+            xs = x.repeat(args.samples, 1)
+            out = model.generate(xs, attention_mask=torch.ones_like(xs), max_new_tokens=max_new, do_sample=True,
+                                 temperature=temp, top_p=1.0, top_k=0, pad_token_id=tok.eos_token_id)
             counts.append(sum(solved(out, x.shape[1], r["reference"])))
     n = args.samples
     res = {"heldout": len(rows), "greedy_acc": round(sum(greedy) / len(greedy), 4), "prompts": len(counts),
