@@ -6,10 +6,9 @@ temperature, on the first `--prompts` held-out prompts.
     python bench/sparse_task_probe.py [--config examples/sparse_smollm2.yaml] [--prompts 50] [--samples 64]
 
 Prompts are rendered as the single_turn workflow renders them (the model's chat template, one user message),
-completions scored by the task's scorer. pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating
-Large Language Models Trained on Code", eq. 1): 1 - C(n - c, k) / C(n, k) per prompt, averaged, for n draws
-with c successes. Prints greedy accuracy, the mean per-sample success, pass@1/8/16/64, the share of prompts
-never solved; last line `sparse_base_pass64: X` (percent).
+completions scored by the task's scorer. pass@k is `jetrl eval`'s unbiased estimator
+(rollout_service/evaluation/passk.py; Chen et al. 2021, eq. 1), averaged over the prompts. Prints greedy
+accuracy, the mean per-sample success, pass@1/8/16/64, the share of prompts never solved; last line `sparse_base_pass64: X` (percent).
 """
 
 from __future__ import annotations
@@ -17,17 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from math import comb
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one prompt with c successes in n draws (Chen et al. 2021, eq. 1)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - comb(n - c, k) / comb(n, k)
 
 
 def main() -> None:
@@ -35,6 +26,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from reward_service.scorers import load_scorer
+    from rollout_service.evaluation.passk import pass_at_k
+    from rollout_service.workflows.base import prompt_messages
     from shared.config import JetrlConfig, load_config
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -53,8 +46,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     def ids(row: dict) -> torch.Tensor:
-        text = tok.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=False,
-                                       add_generation_prompt=True)
+        text = tok.apply_chat_template(prompt_messages(row), tokenize=False, add_generation_prompt=True)
         return tok(text, return_tensors="pt").input_ids
 
     def solved(out: torch.Tensor, n_prompt: int, ref) -> list[bool]:
