@@ -210,6 +210,8 @@ async def test_events_and_dead_letters_move_the_ledger_and_free_budget(live, js,
                     original=raw[gids[4]], delivery_count=5, stream=subjects.PROMPTS_STREAM, stream_seq=5)
     await bus.publish(js, nc, subjects.dlq("e1", "rollout-e1"), dl)
     await wait_for(lambda: _state(live, "e1", "dead_lettered", 1), what="dead letter recorded")
+    # the DLQ and the events are two consumers: the dead letter can land before the groups event
+    await wait_for(lambda: _state(live, "e1", "filtered", 1), what="groups event applied")
     lg = await ledger(live, "e1")
     assert (lg["trained"], lg["dropped_stale"], lg["filtered"], lg["dead_lettered"]) == (2, 1, 1, 1)
     # 3 groups were freed (stale, filtered, dead-lettered): 3 more released under the same bound of 5
