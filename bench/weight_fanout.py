@@ -1,156 +1,163 @@
-"""Cross-host weight fan-out (`python -m bench.weight_sync --cross-host`): a version of --gib GiB
-in the weight store on one namespace host (multihost/netns.py), fetched over HTTP across the bridge by 1
-and then by 4 worker hosts at once, against 1 and 4 parallel `cp` of the same files on one host; the
-4-host fetch with the default digest (xxh3_128), with sha256 and with none. `--repeats` rounds, the
-modes interleaved; prints each round's totals (first start to last finish) and the medians; last line
-`weight_fanout_ratio: X` = median 4-host fan-out (defaults) / median 4 parallel cp (target <= 1.5).
-Needs root.
+"""Weight fan-out across namespace hosts whose links, not the two cores, are the limit (issue 32): the
+weight store on one host, N worker hosts fetching one version at once, every host's sending rate limited
+with tc (`HostNet.limit`, a token bucket on its eth0). The physical limit is the time one link needs to
+carry the version once, S/B; the star (`weights.fanout=store`: every worker downloads from the store)
+needs about N x S/B, since the store's link carries N copies; the relay chain
+(`weights.fanout=relay`, weight_store/relay.py) about S/B plus N pieces.
 
-All hosts share this machine's disk, cores and page cache: the bridge removes loopback's shortcuts (each
-byte crosses two veth pairs and a bridge), not the shared hardware; on real hosts each fetcher has its
-own disk and NIC while the store's NIC is shared.
+    python bench/weight_fanout.py [--gib 0.25] [--mbit 400] [--hosts 1,4,8,16] [--piece-mb 1]
+    python -m bench.weight_sync --cross-host      # the same
+
+For each N and each mode (store, relay), the fetchers start their interpreters first and wait on a start
+file; the time is from the start to the last host's verified copy. Prints, per run, time / (S/B), the
+copies the store sent, and the machine's CPU busy share over the run (/proc/stat, both cores: a run
+near 100 % is CPU-bound, not link-bound, and says so). Last line `weight_fanout_ratio: X`, time / (S/B)
+at N = 8 with the default fan-out (relay). Needs root (namespaces, tc).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 
-def _cp_parallel(files: list[Path], dests: list[Path]) -> tuple[float, list[float]]:
-    """Start one `cp` of `files` per destination at once; (total, each one's time)."""
-    for d in dests:
-        d.mkdir(parents=True)
-    os.sync()
-    t0 = time.perf_counter()
-    procs = [(subprocess.Popen(["cp", *map(str, files), str(d)]), time.perf_counter()) for d in dests]
-    each = []
-    for p, _ in procs:
-        p.wait()
-        each.append(time.perf_counter() - t0)
-    total = time.perf_counter() - t0
-    for d in dests:
-        shutil.rmtree(d)
-    return total, each
+def _cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs so far."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = f[3] + f[4]
+    return sum(f) - idle, sum(f)
 
 
-def _fetch_on_hosts(net, hosts: list[str], url: str, version: int, work: Path,
-                    digest: str = "default") -> tuple[float, dict[str, float]]:
-    """Every host fetches `version` at once (a start file releases them together); (total, per host)."""
-    go = work / "go"
-    go.unlink(missing_ok=True)
+def _bytes_out(url: str) -> float:
+    from bench.weights_common import TOKEN
+
+    req = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    for line in urllib.request.urlopen(req, timeout=10).read().decode().splitlines():
+        if line.startswith("jetrl_weights_bytes_out_total "):
+            return float(line.split()[1])
+    raise RuntimeError("no jetrl_weights_bytes_out_total")
+
+
+def _round(net, hosts: list[str], url: str, version: int, work: Path, fanout: str) -> dict:
+    """Every host fetches `version` at once; the time from the start file to the last verified copy."""
+    go, done = work / "go", work / "done"
+    for p in (go, done):
+        p.unlink(missing_ok=True)
     procs = {}
     for h in hosts:
         out = work / f"fetch-{h}.json"
         out.unlink(missing_ok=True)
         Path(f"{out}.ready").unlink(missing_ok=True)
         procs[h] = net.spawn(h, [sys.executable, "-m", "bench.weight_fanout", "fetch", url, str(version),
-                                 str(work / f"cache-{h}"), str(go), str(out), digest],
-                             log=work / f"fetch-{h}.log",
-                             cwd=REPO, env={"PYTHONPATH": str(REPO)})
-    # Every fetcher has imported what it needs and waits on the start file (a fixed 3 s sleep here let
-    # the first 4-host round start while interpreters were still importing on the 2 cores).
+                                 str(work / f"cache-{h}"), str(go), str(done), str(out), fanout],
+                             log=work / f"fetch-{h}.log", cwd=REPO, env={"PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + 300
     while not all((work / f"fetch-{h}.json.ready").exists() for h in hosts):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
             raise RuntimeError("fetchers did not get ready: " + " | ".join(
-                (work / f"fetch-{h}.log").read_text()[-500:] for h in hosts if (work / f"fetch-{h}.log").exists()))
+                (work / f"fetch-{h}.log").read_text()[-800:] for h in hosts if (work / f"fetch-{h}.log").exists()))
         time.sleep(0.05)
     time.sleep(0.5)
-    os.sync()
+    before, cpu0 = _bytes_out(url), _cpu()
     go.write_text("go")
-    results = {}
-    for h, p in procs.items():
-        if p.wait(900) != 0:
-            raise RuntimeError(f"fetch on {h} failed: {(work / f'fetch-{h}.log').read_text()[-3000:]}")
-        results[h] = json.loads((work / f"fetch-{h}.json").read_text())
-    start = min(r["start"] for r in results.values())
-    total = max(r["end"] for r in results.values()) - start
+    deadline = time.monotonic() + 1800
+    while not all((work / f"fetch-{h}.json").exists() for h in hosts):
+        bad = [h for h, p in procs.items() if p.poll() is not None and not (work / f"fetch-{h}.json").exists()]
+        if bad or time.monotonic() > deadline:
+            raise RuntimeError(f"fetch on {bad} failed: {(work / f'fetch-{bad[0]}.log').read_text()[-3000:]}"
+                               if bad else "fetchers timed out")
+        time.sleep(0.05)
+    cpu1 = _cpu()
+    served = _bytes_out(url) - before
+    done.write_text("done")
+    results = {h: json.loads((work / f"fetch-{h}.json").read_text()) for h in hosts}
+    for p in procs.values():
+        p.wait(60)
     for h in hosts:
         shutil.rmtree(work / f"cache-{h}", ignore_errors=True)
-    return total, {h: r["end"] - r["start"] for h, r in results.items()}
+    start = min(r["start"] for r in results.values())
+    return {"seconds": max(r["end"] for r in results.values()) - start, "served": served,
+            "cpu_busy": (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]),
+            "done_s": sorted(round(r["end"] - start, 2) for r in results.values()),
+            "peer_failures": sum(r.get("peer_failures", 0) for r in results.values())}
 
 
-async def _publish(url: str, gib: float, root: Path) -> tuple[int, list[Path]]:
+async def _publish(url: str, gib: float) -> tuple[int, int]:
     from bench.weights_common import TOKEN, make_state_dict
     from shared.config import WeightStoreConfig
     from weight_store.client import WeightStoreClient
 
-    client = WeightStoreClient(WeightStoreConfig(url=url, root=str(root), shared_fs=False, token=TOKEN))
+    client = WeightStoreClient(WeightStoreConfig(url=url, shared_fs=False, token=TOKEN))
     wv = await client.publish("bench", 0, make_state_dict(gib), step=0)
-    vdir = root / "bench" / str(wv.version)
-    return wv.version, [vdir / f["name"] for f in wv.files]
+    return wv.version, sum(f["size"] for f in wv.files)
 
 
-def run(gib: float, work_dir: str | None = None, repeats: int = 3) -> float:
+def run(gib: float = 0.25, mbit: float = 400, hosts_n: tuple[int, ...] = (1, 4, 8, 16), piece_kb: int = 256,
+        work_dir: str | None = None, modes: tuple[str, ...] = ("store", "relay")) -> float:
     from bench.weights_common import start_service_argv, wait_http
     from multihost.netns import HostNet
 
     work = Path(tempfile.mkdtemp(prefix="jetrl-bench-fanout-", dir=work_dir))
-    workers = ["w1", "w2", "w3", "w4"]
-    modes = {"4 parallel cp": None, "4 hosts fetch": "default", "4 hosts, sha256": "sha256",
-             "4 hosts, no digest": "off"}
-    times: dict[str, list[float]] = {m: [] for m in ["1 cp", "1 host fetch", *modes]}
+    workers = [f"w{i}" for i in range(1, max(hosts_n) + 1)]
+    rows: dict[tuple[int, str], dict] = {}
     try:
         with HostNet(["store", *workers]) as net:
-            root, port = work / "store", 8700
-            net.spawn("store", start_service_argv(root, port, net.addr("store")), log=work / "store.log")
+            for h in ["store", *workers]:
+                net.limit(h, mbit)
+            port = 8700
+            net.spawn("store", [*start_service_argv(work / "store", port, net.addr("store")),
+                                f"weights.piece_kb={piece_kb}"], log=work / "store.log")
             url = f"http://{net.addr('store')}:{port}"
             wait_http(url + "/healthz", 60, work / "store.log")
-            version, files = asyncio.run(_publish(url, gib, root))
-            nbytes = sum(f.stat().st_size for f in files)
-            print(f"version of {nbytes / 2**30:.3f} GiB in {len(files)} files on host store {net.addr('store')}; "
-                  f"workers {', '.join(f'{w} {net.addr(w)}' for w in workers)}; {repeats} rounds, the modes "
-                  "interleaved and turned one place each round (the first 4-host run of a round was ~1 s "
-                  "slower whatever it checked)", flush=True)
-            order = list(modes)
-            for r in range(max(1, repeats)):
-                times["1 cp"].append(_cp_parallel(files, [work / "cp-0"])[0])
-                times["1 host fetch"].append(_fetch_on_hosts(net, workers[:1], url, version, work)[0])
-                for m in order:
-                    if modes[m] is None:
-                        t = _cp_parallel(files, [work / f"cp-{i}" for i in range(4)])[0]
-                    else:
-                        t = _fetch_on_hosts(net, workers, url, version, work, digest=modes[m])[0]
-                    times[m].append(t)
-                print(f"round {r + 1}: " + ", ".join(f"{m} {times[m][-1]:.2f} s" for m in times), flush=True)
-                order = order[1:] + order[:1]
-        gb = nbytes / 1e9
-        med = {m: statistics.median(ts) for m, ts in times.items()}
-        for m, t in med.items():
-            n = 1 if m.startswith("1 ") else 4
-            print(f"{m:20s} median {t:7.3f} s  {n * gb / t:5.2f} GB/s in all  (rounds: "
-                  + ", ".join(f"{x:.2f}" for x in times[m]) + ")")
-        print(f"weight_fanout_ratio_1: {med['1 host fetch'] / med['1 cp']:.2f} (1 host fetch / 1 cp)")
-        print(f"weight_fanout_ratio_sha256: {med['4 hosts, sha256'] / med['4 parallel cp']:.2f} "
-              "(4 hosts checking sha256 / 4 parallel cp)")
-        print(f"weight_fanout_ratio_no_digest: {med['4 hosts, no digest'] / med['4 parallel cp']:.2f} "
-              "(4 hosts checking no digest / 4 parallel cp)")
-        ratio = med["4 hosts fetch"] / med["4 parallel cp"]
-        print(f"weight_fanout_ratio: {ratio:.2f} (the defaults: xxh3_128 checked; medians; target <= 1.5)")
+            version, nbytes = asyncio.run(_publish(url, gib))
+            ideal = nbytes * 8 / (mbit * 1e6)
+            print(f"version of {nbytes / 2**30:.3f} GiB; every host sends at most {mbit:g} Mbit/s (tc tbf); "
+                  f"S/B = {ideal:.2f} s; pieces of {piece_kb} KiB", flush=True)
+            for n in hosts_n:
+                for mode in modes:
+                    r = _round(net, workers[:n], url, version, work, mode)
+                    rows[(n, mode)] = r
+                    print(f"N={n:3d} {mode:6s} {r['seconds']:7.2f} s = {r['seconds'] / ideal:5.2f} x S/B; the store "
+                          f"sent {r['served'] / nbytes:5.2f} copies; CPU busy {100 * r['cpu_busy']:3.0f} %; hosts done at "
+                          f"{r['done_s']} s; peer failures {r['peer_failures']}", flush=True)
+        for n in hosts_n:
+            line = f"weight_fanout_ratio_{n}:"
+            for mode in modes:
+                line += f" {mode} {rows[(n, mode)]['seconds'] / ideal:.2f}"
+            print(line)
+        key = (8, "relay") if (8, "relay") in rows else max(rows)
+        ratio = rows[key]["seconds"] / ideal
+        print(f"weight_fanout_ratio: {ratio:.2f}")
         return ratio
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def _fetch_one(url: str, version: int, cache: str, go: str, out: str, digest: str) -> None:
-    """One worker host's fetch; `digest`: default (the config's defaults), sha256, or off (no check)."""
+async def _fetch_one(url: str, version: int, cache: str, go: str, done: str, out: str, fanout: str) -> None:
+    """One worker host: wait for the start file, fetch, record the times; a relay keeps serving until `done`."""
     from bench.weights_common import TOKEN
     from shared.config import WeightStoreConfig
     from weight_store.client import WeightStoreClient
 
-    how = {"default": {}, "sha256": {"digest": "sha256"}, "off": {"verify_sha256": False}}[digest]
-    client = WeightStoreClient(WeightStoreConfig(url=url, shared_fs=False, cache_dir=cache, token=TOKEN, **how))
+    client = WeightStoreClient(WeightStoreConfig(url=url, shared_fs=False, cache_dir=cache, token=TOKEN,
+                                                 fanout=fanout, relay_timeout_s=10.0))
+    if fanout == "relay":
+        from weight_store.relay import RelayNode
+
+        client.relay = RelayNode(client.cfg)
+        await client.relay.start()
     Path(f"{out}.ready").write_text("ready")
     while not Path(go).exists():
         await asyncio.sleep(0.005)
@@ -158,12 +165,29 @@ async def _fetch_one(url: str, version: int, cache: str, go: str, out: str, dige
     path = await client.fetch("bench", version)
     end = time.time()
     assert path.is_relative_to(cache)
-    Path(out).write_text(json.dumps({"start": start, "end": end}))
+    stats = dict(client.relay.stats) if client.relay else {}
+    Path(out).write_text(json.dumps({"start": start, "end": end, **stats}))
+    while not Path(done).exists():
+        await asyncio.sleep(0.05)
+    await client.close()
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["fetch"]:
+        url, version, cache, go, done, out, fanout = sys.argv[2:9]
+        asyncio.run(_fetch_one(url, int(version), cache, go, done, out, fanout))
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=0.25, help="Size of the version (bf16 matrices).")
+    ap.add_argument("--mbit", type=float, default=400, help="Every host's sending rate (Mbit/s).")
+    ap.add_argument("--hosts", default="1,4,8,16", help="Numbers of worker hosts.")
+    ap.add_argument("--piece-kb", type=int, default=256, help="The store's weights.piece_kb.")
+    ap.add_argument("--modes", default="store,relay")
+    ap.add_argument("--dir", default=None)
+    a = ap.parse_args()
+    run(a.gib, a.mbit, tuple(int(x) for x in a.hosts.split(",")), a.piece_kb, a.dir, tuple(a.modes.split(",")))
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["fetch"]:
-        url, version, cache, go, out, digest = sys.argv[2:8]
-        asyncio.run(_fetch_one(url, int(version), cache, go, out, digest))
-    else:
-        run(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -2,8 +2,8 @@
 
     python bench/weight_sync.py            # 1 GiB bf16 state dict
     python bench/weight_sync.py --gib 0.25 --repeats 2
-    python -m bench.weight_sync --cross-host   # the store on another (namespace) host, 1 and 4 fetching
-                                               # hosts vs 1 and 4 parallel cp (bench/weight_fanout.py; root)
+    python -m bench.weight_sync --cross-host   # the store on another (namespace) host, N fetching hosts on
+                                               # rate-limited links, star vs relay (bench/weight_fanout.py; root)
 
 (a) publish: state dict in memory -> committed version over HTTP   vs  safetensors.save_file
 (b) fetch over HTTP: store -> a reader's local dir (sha256 checked) vs  cp of the same files
@@ -169,6 +169,6 @@ if __name__ == "__main__":
     if args.cross_host:
         from bench.weight_fanout import run
 
-        run(args.gib, args.dir, args.repeats)
+        run(gib=args.gib, work_dir=args.dir)
     else:
         asyncio.run(main(args))

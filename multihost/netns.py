@@ -5,6 +5,7 @@
         net.cut("b"); net.restore("b")        # pull host b's cable for a while
         net.kill_all("c")                      # every process on host c, as a machine dying would
         net.add_host("d")                      # a new host mid-run
+        net.limit("a", 1000)                   # host a sends at most 1 Gbit/s (tc tbf on its eth0)
 
 Layout (nothing but one veth touches the caller's namespace):
 
@@ -282,6 +283,20 @@ class HostNet:
 
     def restore(self, name: str) -> None:
         _ip("-n", self.switch, "link", "set", self.hosts[name].port, "up")
+
+    def limit(self, name: str, mbit: float, burst_kb: int = 256, latency_ms: int = 25) -> None:
+        """Rate-limit what host `name` sends to `mbit` Mbit/s (a token bucket on its eth0), so that links, not
+        this machine's cores, bound a transfer; `mbit` 0 removes the limit."""
+        ns = self.hosts[name].ns
+        if mbit <= 0:
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root"],
+                           capture_output=True, timeout=30)
+            return
+        r = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                            "rate", f"{mbit}mbit", "burst", f"{burst_kb}kb", "latency", f"{latency_ms}ms"],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"tc on host {name} failed: {r.stderr.strip()}")
 
     def describe(self) -> str:
         lines = [f"bridge {self.subnet} in namespace {self.switch}; this shell is {self.runner_addr}"]

@@ -28,6 +28,9 @@ class RolloutMetrics:
                                           registry=r)
         self.weight_swaps = Counter("jetrl_rollout_weight_swaps", "Weight versions swapped into the engine.",
                                     registry=r)
+        self.weight_bytes = Counter("jetrl_rollout_weight_bytes",
+                                    "Bytes of weight versions downloaded over HTTP, by how: delta or full "
+                                    "(weights.delta).", ["how"], registry=r)
         self.task_seconds = Histogram("jetrl_rollout_task_seconds", "Time from prompt received to group published.",
                                       registry=r, buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
         self.stage_seconds = Histogram(

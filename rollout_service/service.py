@@ -94,6 +94,8 @@ class RolloutWorker:
         self._pending_ids: list[str] = []
         self._pending_prompts: list[dict] = []  # prompt_record of each id in _pending_ids
         self._closers: list[Any] = []
+        self._fetch_stats = None  # the weight store client's fetch counters (weight_store_source), when it is one
+        self._wire_seen = {"delta": 0, "full": 0}  # of them, the bytes already counted in metrics.weight_bytes
         self._tasks: list[asyncio.Task] = []
         self._stopped = asyncio.Event()
         self.fatal: EngineDead | None = None  # set when the engine died: run() raises it after stopping
@@ -124,6 +126,7 @@ class RolloutWorker:
             if self._weights is None:
                 watch, fetch, latest, close = weight_store_source(cfg, self.js)
                 self._closers.append(close)
+                self._fetch_stats = fetch.stats
             else:
                 watch, fetch, latest = (tuple(self._weights) + (None,))[:3]
             from shared.model.adapters import base_fingerprint
@@ -352,9 +355,15 @@ class RolloutWorker:
         """A weight version is in the engine: a "weights" event and the fetch / swap histograms."""
         self.metrics.stage_seconds.labels("fetch").observe(fetch_s)
         self.metrics.stage_seconds.labels("swap").observe(swap_s)
+        wire = {}
+        if (stats := self._fetch_stats) is not None:  # HTTP fetches (weight_store.client)
+            for how in ("delta", "full"):
+                self.metrics.weight_bytes.labels(how).inc(stats[f"{how}_bytes"] - self._wire_seen[how])
+                self._wire_seen[how] = stats[f"{how}_bytes"]
+            wire = {k: stats[k] for k in ("delta_fetches", "full_fetches", "delta_bytes", "full_bytes", "delta_refused")}
         if self.events is not None:
             await self.events.emit("weights", {"version": version, "fetch_s": fetch_s, "swap_s": swap_s,
-                                               "worker": self.instance})
+                                               "worker": self.instance, **wire})
 
     def snapshot(self) -> dict[str, Any]:
         """The 'metrics' event: tokens_per_s, in_flight, version, version_lag, tool_calls, errors."""

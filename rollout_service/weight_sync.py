@@ -213,4 +213,5 @@ def weight_store_source(cfg, js) -> tuple[WatchFn, FetchFn, LatestFn, Callable[[
             raise AnnouncementRefused(version, "not_in_store", why)
         return await client.fetch(run, version, expect_sha256=wv.sha256)
 
+    fetch.stats = client.stats  # HTTP fetches so far: delta / full, bytes, deltas refused (WeightStoreClient)
     return watch_, fetch, latest_, client.close

@@ -99,8 +99,19 @@ def write_version_dir(out: Path, cfg: JetrlConfig, state_dict: dict, hf_config: 
 
         lora.write_adapter_dir(out, state_dict, cfg.trainer.lora, cfg.model)
         return lora.adapter_info(cfg)
-    write_hf_dir(out, state_dict, hf_config, tokenizer, tiny=not cfg.model.path)
+    write_hf_dir(out, cast_floats(state_dict, cfg.trainer.publish_dtype), hf_config, tokenizer,
+                 tiny=not cfg.model.path)
     return None
+
+
+def cast_floats(state_dict: dict, dtype: str) -> dict:
+    """`state_dict` with its floating-point tensors in `dtype` (trainer.publish_dtype; as_trained = as is)."""
+    if dtype == "as_trained":
+        return state_dict
+    import torch
+
+    to = getattr(torch, dtype)
+    return {k: v.to(to) if v.is_floating_point() else v for k, v in state_dict.items()}
 
 
 def write_hf_dir(out: Path, state_dict: dict, hf_config: Any, tokenizer: Any, tiny: bool) -> Path:

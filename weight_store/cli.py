@@ -66,6 +66,43 @@ def manifest_cmd(version: int = typer.Argument(..., help="Version of the config'
     run_async(go())
 
 
+@weights_app.command("fetch")
+def fetch_cmd(version: int = typer.Argument(..., help="Version of the config's run."),
+              serve_s: float = typer.Option(0.0, "--serve-s", help="With weights.fanout=relay: keep serving "
+                                            "the version's pieces to other hosts for this many seconds."),
+              config: str = CONFIG_OPTION, overrides: list[str] = OVERRIDES_ARG) -> None:
+    """Fetch one version onto this host (weights.cache_dir), checked against its manifest, as a rollout
+    worker does (delta, relay fan-out and shared filesystem per the config); prints the path and what it
+    cost. Prefetches a version onto a new host, and is how the relay is tested across hosts."""
+    import asyncio
+    import time
+
+    from weight_store.client import WeightStoreClient, WeightStoreError
+
+    cfg = load_or_exit(config, overrides)
+
+    async def go() -> None:
+        client = WeightStoreClient(cfg.weights)
+        try:
+            t0 = time.perf_counter()
+            path = await client.fetch(cfg.run, version)
+            out = {"run": cfg.run, "version": version, "path": str(path),
+                   "seconds": round(time.perf_counter() - t0, 3), **client.stats}
+            if client.relay is not None:
+                out.update(relay=client.relay.url, **client.relay.stats)
+            typer.echo(json.dumps(out), nl=True)
+            if serve_s > 0 and client.relay is not None:
+                await asyncio.sleep(serve_s)
+                typer.echo(json.dumps({"served": client.relay.stats}))
+        except (WeightStoreError, OSError) as exc:
+            typer.secho(f"fetch of version {version} of run {cfg.run}: {exc}", fg="red", err=True)
+            raise typer.Exit(1) from None
+        finally:
+            await client.close()
+
+    run_async(go())
+
+
 @weights_app.command("export")
 def export_cmd(version: int = typer.Argument(..., help="Version of the config's run."),
                out: str = typer.Option(..., "--out", "-o", help="Directory to write (must be absent or empty)."),

@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -37,11 +38,13 @@ from shared.contract.messages import WeightVersion
 from weight_store import shards as sh
 from weight_store import transfer
 from weight_store.announce import VersionConflict, announce, latest
+from weight_store.delta import DELTA_DIR, DeltaRefused, apply_file, blob_name, check_delta
 from weight_store.manifest import (
     MANIFEST,
     check_adapter,
     file_digest,
     hash_file,
+    kind,
     manifest_bytes,
     manifest_sha256,
 )
@@ -121,6 +124,12 @@ class WeightStoreClient:
         self._fetching: dict[tuple[str, int], asyncio.Lock] = {}
         self._checks: dict[str, StoreCheck] = {}
         self.cache = Path(cfg.cache_dir) if cfg.cache_dir else Path(tempfile.gettempdir()) / "jetrl-weights-cache"
+        # HTTP fetches so far: versions rebuilt from a delta / downloaded whole (from the store or, of those,
+        # `relay_fetches` through the relay chain), their bytes, and deltas refused (a rebuilt file that did
+        # not match the manifest, a malformed delta document)
+        self.stats = Counter({"delta_fetches": 0, "full_fetches": 0, "delta_bytes": 0, "full_bytes": 0,
+                              "delta_refused": 0, "relay_fetches": 0})
+        self.relay = None  # weights.fanout=relay: this host's RelayNode (weight_store/relay.py), made at first use
 
     # --- small requests ---------------------------------------------------------------------------
 
@@ -282,6 +291,20 @@ class WeightStoreClient:
                 shutil.rmtree(dest, ignore_errors=True)
         part = self.cache / run / f".{version}.partial"
         part.mkdir(parents=True, exist_ok=True)
+        if not (self.cfg.delta and kind(manifest) == "full" and await self._from_delta(run, version, manifest, part)):
+            relay = self.cfg.fanout == "relay" and sum(f["size"] for f in manifest["files"]) >= self.cfg.relay_min_mb << 20
+            if not (relay and await self._from_relay(run, version, manifest, part, dest)):
+                await self._download_full(run, version, manifest, part)
+        (part / MANIFEST).write_bytes(manifest_bytes(manifest))
+        tmp = self.cache / run / f".{version}.{uuid.uuid4().hex}.old"
+        if dest.exists():
+            dest.rename(tmp)
+        part.rename(dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+        await asyncio.to_thread(self._prune_cache, run)
+        return dest
+
+    async def _download_full(self, run: str, version: int, manifest: dict, part: Path) -> None:
         vpath = self._vpath(run, version)
 
         async def get(f: dict) -> None:
@@ -293,14 +316,76 @@ class WeightStoreClient:
                                         check=file_digest(f, self.cfg.digest) if self.cfg.verify_sha256 else None)
 
         await asyncio.gather(*(get(f) for f in manifest["files"]))
-        (part / MANIFEST).write_bytes(manifest_bytes(manifest))
-        tmp = self.cache / run / f".{version}.{uuid.uuid4().hex}.old"
-        if dest.exists():
-            dest.rename(tmp)
-        part.rename(dest)
-        shutil.rmtree(tmp, ignore_errors=True)
-        await asyncio.to_thread(self._prune_cache, run)
-        return dest
+        self.stats["full_fetches"] += 1
+        self.stats["full_bytes"] += sum(f["size"] for f in manifest["files"])
+
+    async def _from_relay(self, run: str, version: int, manifest: dict, part: Path, dest: Path) -> bool:
+        """Fetch the version through the relay chain (weight_store/relay.py); False when the store has no
+        piece digests for it. Every file is then checked against the manifest; a mismatch (which checked
+        pieces should make impossible) empties `part` and the version is downloaded whole."""
+        if self.relay is None:
+            from weight_store.relay import RelayNode
+
+            self.relay = RelayNode(self.cfg)
+        if not await self.relay.fetch(self, run, version, manifest, part, dest):
+            return False
+        try:
+            await asyncio.to_thread(_check_files, part, manifest, self.cfg.digest, self.chunk)
+        except WeightStoreError as exc:
+            log.error("run %s: version %d through the relays does not match its manifest (%s); fetching it whole",
+                      run, version, exc)
+            shutil.rmtree(part, ignore_errors=True)
+            part.mkdir(parents=True, exist_ok=True)
+            return False
+        self.stats["relay_fetches"] += 1  # of the full fetches, those that went through the relay chain
+        self.stats["full_fetches"] += 1
+        self.stats["full_bytes"] += sum(f["size"] for f in manifest["files"])
+        return True
+
+    async def _from_delta(self, run: str, version: int, manifest: dict, part: Path) -> bool:
+        """Rebuild `version` in `part` from the store's delta against a version in the cache; False (and
+        `part` emptied) when the store has no delta, its base is not cached here, or the delta is refused
+        (weight_store/delta.py: a document that does not fit, a blob that does not decompress to its size,
+        a rebuilt file whose digest is not the manifest's: every file is checked, whatever verify_sha256)."""
+        vpath = self._vpath(run, version)
+        try:
+            doc = await self._json("GET", vpath + "/delta")
+        except WeightStoreError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        base = doc.get("base") if isinstance(doc, dict) else None
+        base_dir = self.cache / run / str(base) if isinstance(base, int) and not isinstance(base, bool) else None
+        if base_dir is None or not (base_dir / MANIFEST).is_file():
+            return False
+        try:
+            check_delta(doc, manifest, json.loads((base_dir / MANIFEST).read_bytes()))
+
+            async def get(e: dict) -> None:
+                name = check_file_name(e["name"])
+                blob = None
+                if e["mode"] != "copy":
+                    blob = part / DELTA_DIR / blob_name(name)
+                    async with self._sem:
+                        await asyncio.to_thread(
+                            transfer.get_file, f"{self.base}{vpath}/delta/files/{quote(name)}", blob, e["size"],
+                            e["sha256"], headers=self._headers(False), chunk=self.chunk, timeout=self.cfg.timeout_s,
+                            retries=self.cfg.retries, check=file_digest(e, self.cfg.digest))
+                await asyncio.to_thread(apply_file, e, blob, base_dir / name, part / name)
+
+            await asyncio.gather(*(get(e) for e in doc["files"]))
+            shutil.rmtree(part / DELTA_DIR, ignore_errors=True)
+            await asyncio.to_thread(_check_files, part, manifest, self.cfg.digest, self.chunk)
+        except (DeltaRefused, DigestMismatch, WeightStoreError, FileNotFoundError) as exc:
+            self.stats["delta_refused"] += 1
+            log.warning("run %s: refused the delta of version %d against %s (%s); fetching it whole", run, version,
+                        base, exc)
+            shutil.rmtree(part, ignore_errors=True)
+            part.mkdir(parents=True, exist_ok=True)
+            return False
+        self.stats["delta_fetches"] += 1
+        self.stats["delta_bytes"] += sum(e["size"] for e in doc["files"])
+        return True
 
     def _shared_dir(self, run: str, version: int) -> Path | None:
         if not self.cfg.shared_fs:
@@ -315,7 +400,10 @@ class WeightStoreClient:
             shutil.rmtree(d / str(v), ignore_errors=True)
 
     async def close(self) -> None:
-        """Nothing is held between calls (one connection per request)."""
+        """Stops the relay server (fanout=relay); nothing else is held between calls (one connection per
+        request)."""
+        if self.relay is not None:
+            await self.relay.close()
 
     @staticmethod
     def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:

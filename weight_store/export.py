@@ -16,7 +16,7 @@ from weight_store.manifest import MANIFEST, kind
 
 def _copy(src: Path, out: Path) -> None:
     for f in sorted(src.rglob("*")):
-        if f.is_file():
+        if f.is_file() and not any(seg.startswith(".") for seg in f.relative_to(src).parts):  # not .delta/
             dest = out / f.relative_to(src)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dest)

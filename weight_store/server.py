@@ -7,6 +7,8 @@ Routes (docs/weight_store.md has the full table):
     GET    /v1/runs, /v1/runs/{run}/versions, /v1/runs/{run}/latest, /v1/runs/{run}/versions/{v}/manifest
     GET    /v1/runs/{run}/versions/{v}/files/{name}   streamed download, Range, ETag = "sha256"
     PUT|DELETE /v1/runs/{run}/versions/{v}/pin         retention never removes a pinned version
+    GET    /v1/runs/{run}/versions/{v}/delta[/files/{name}]  the version against an older one (delta.py)
+    GET    /v1/runs/{run}/versions/{v}/pieces, POST .../relay  relay fan-out: piece digests, the chain (relay.py)
     GET    /healthz (just {"status": "ok"}), /metrics; no /docs, /redoc or /openapi.json
 Every route but /healthz needs `Authorization: Bearer <token>` (reads also accept `read_token`); the
 service refuses to start without a token unless `weights.insecure_no_auth` is true. 401 without a
@@ -30,13 +32,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from shared.config import WeightStoreConfig
 from shared.runtime.auth import AuthConfigError, RefuseControlChars, check_auth_setting
 from weight_store.deps import Tokens
-from weight_store.routes import files, health, manifests, versions
+from weight_store.routes import deltas, files, health, manifests, relay, versions
 from weight_store.sendfile import http_protocol
 from weight_store.state import StoreState
 from weight_store.storage import StoreError
 
 log = logging.getLogger("jetrl.weights.server")
-ROUTERS = (health, manifests, files, versions)  # the order they were written in; no two share a path
+ROUTERS = (health, manifests, files, versions, deltas, relay)  # the order they were written in; no two share a path
 
 
 def _refusal(status: int, message: str) -> tuple[bytes, str]:

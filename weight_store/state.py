@@ -30,6 +30,9 @@ class Metrics:
                                         buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10))
         self.deleted = Counter("jetrl_weights_deleted_versions", "Versions removed by retention.", registry=r)
         self.active = Gauge("jetrl_weights_active_downloads", "Downloads in progress.", registry=r)
+        self.delta_bytes = Counter("jetrl_weights_delta_bytes", "Bytes of the deltas written at commit.", registry=r)
+        self.delta_full_bytes = Counter("jetrl_weights_delta_full_bytes",
+                                        "Bytes of the full versions those deltas stand for.", registry=r)
         self.refused = Counter("jetrl_weights_refused", "Requests refused, by error code.", ["code"], registry=r)
 
 
@@ -44,6 +47,7 @@ class StoreState:
         self.retiring: set[tuple[str, int]] = set()
         self.locks: dict[str, asyncio.Lock] = {}
         self.uploading: Tally[tuple[str, int]] = Tally()  # uploads in progress per version
+        self.chains: dict[tuple[str, int], list[str]] = {}  # relay fan-out: workers fetching a version, in order
         self.chunk = cfg.chunk_mb << 20
 
     def lock(self, run: str) -> asyncio.Lock:
@@ -60,6 +64,7 @@ class StoreState:
             self.retiring.update((run, v) for v in victims)
             try:
                 for v in victims:
+                    self.chains.pop((run, v), None)
                     await asyncio.to_thread(self.storage.delete, run, v)
                     self.metrics.deleted.inc()
                     log.info("retention: deleted version %d of run %s", v, run)

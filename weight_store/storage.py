@@ -1,6 +1,8 @@
 """The on-disk layout of the weight store, and the only code that changes it.
 
     <root>/<run>/<version>/manifest.json + weight and config files   committed, immutable
+    <root>/<run>/<version>/.delta/                                    its delta against an older version
+    <root>/<run>/<version>/.pieces.json                               its piece digests (relay fan-out)
     <root>/.staging/<run>/<version>/                                  uploads not yet committed
     <root>/.pins/<run>/<version>                                      pin markers (retention skips them)
     <root>/.trash/                                                    versions being deleted
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -25,10 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.contract.subjects import check_run_id
+from weight_store.delta import build_delta
 from weight_store.manifest import MANIFEST, manifest_bytes, new_manifest
+from weight_store.pieces import write_pieces
 
 # Always fullmatch: with re.match, `$` also matches before a trailing newline ("1\n" would pass).
 _FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+log = logging.getLogger("jetrl.weights.server")
 _VERSION_RE = re.compile(r"[0-9]{1,12}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -111,6 +117,7 @@ class Storage:
         self._records_lock = threading.Lock()
         self.root = Path(root).resolve()
         self.fsync = fsync
+        self.last_delta: dict | None = None  # the delta document the last commit wrote (None: none)
         self.staging = self.root / ".staging"
         self.pins = self.root / ".pins"
         self.trash = self.root / ".trash"
@@ -241,8 +248,12 @@ class Storage:
         return existed
 
     def commit(self, run: str, version: int, declared: list[dict], step: int = 0, dtype: str = "",
-               metadata: dict | None = None, adapter: dict | None = None) -> tuple[dict, bytes]:
+               metadata: dict | None = None, adapter: dict | None = None,
+               delta: tuple[int, float] | None = None, piece_size: int = 0) -> tuple[dict, bytes]:
         """Check the declared files against what was uploaded, write the manifest, rename into place.
+        With `delta` = (zstd level, max ratio), the version's delta against the run's newest older version
+        (weight_store/delta.py) is written first, so the version appears with it (`self.last_delta`: its
+        document, or None); with `piece_size`, its piece digests for relay fan-out (weight_store/pieces.py).
 
         Returns (manifest, manifest bytes). Raises StoreError 409 if the version exists, 400 if a
         declared file is missing, malformed, in conflict with another name, or differs from the upload.
@@ -298,6 +309,9 @@ class Storage:
             elif rel not in names:
                 extra.unlink(missing_ok=True)
         (stage / MANIFEST).write_bytes(raw)
+        self.last_delta = self._write_delta(run, version, stage, manifest, delta) if delta else None
+        if piece_size:
+            write_pieces(stage, manifest, piece_size)
         if self.fsync:
             for n in [*names, MANIFEST]:
                 fd = os.open(stage / n, os.O_RDONLY)
@@ -314,6 +328,17 @@ class Storage:
         if self.fsync:
             _fsync_dir(final.parent)
         return manifest, raw
+
+    def _write_delta(self, run: str, version: int, stage: Path, manifest: dict, delta: tuple[int, float]) -> dict | None:
+        older = [v for v in self.versions(run) if v < version]
+        if not older:
+            return None
+        try:
+            return build_delta(stage, manifest, self.version_dir(run, older[-1]), self.manifest(run, older[-1]),
+                               *delta)
+        except (OSError, ValueError, KeyError, StoreError) as exc:  # the base went away or is malformed
+            log.warning("no delta for version %d of run %s (%s: %s)", version, run, type(exc).__name__, exc)
+            return None
 
     # --- retention --------------------------------------------------------------------------------
 

@@ -276,6 +276,14 @@ class TrainerConfig(Section):
         "write, ~0.5 s for SmolLM2-135M, is on the step's path; saves the copy's memory in the next step). "
         "Either way the upload overlaps the next step with publish_overlap.",
     )
+    publish_dtype: Literal["as_trained", "bfloat16", "float16", "float32"] = Field(
+        "as_trained",
+        description="The dtype floating-point weights are published in: as_trained = the trainer's own (fp32 "
+        "on CPU); bfloat16 halves every version's bytes and, since most bf16 values do not change in one RL "
+        "step, makes its delta small (weights.delta; docs/weight_store.md). The rollout engines then sample "
+        "from the rounded weights, which is the behaviour policy the decoupled objective corrects for. A "
+        "LoRA adapter is published as trained.",
+    )
     publisher: Literal["store", "directory"] = Field(
         "store",
         description="store = weight_store client + KV announcement; directory = write versions to publish_dir "

@@ -58,6 +58,42 @@ class WeightStoreConfig(Section):
     max_versions_per_run: int = Field(
         0, ge=0, description="Refuse commits when a run already holds this many versions (0 = no limit)."
     )
+    delta: bool = Field(
+        True, description="Delta versions (docs/weight_store.md): the service writes, at each commit of a full "
+        "model, its difference from the run's previous version (changed bits, zstd-compressed); a client that "
+        "holds that previous version in cache_dir downloads the delta instead of the whole version and checks "
+        "every rebuilt file against the manifest (falling back to the full download). false: neither side uses them.")
+    delta_level: int = Field(3, ge=1, le=22, description="Service: zstd level of delta blobs (higher = smaller, slower).")
+    delta_max_ratio: float = Field(
+        0.5, gt=0, le=1, description="Service: write a delta only when it is below this share of the full "
+        "version's bytes.")
+    fanout: Literal["store", "relay"] = Field(
+        "relay", description="How an HTTP fetch of a full version travels (docs/weight_store.md, Relay fan-out): "
+        "store = every worker downloads it from the store; relay = the store chains the workers fetching a "
+        "version, each takes pieces from the worker before it (checked against the store's piece digests) and "
+        "serves them on to the next, so each byte leaves the store about once (8 hosts on 100 Mbit/s links: "
+        "1.14 x one link's time against 8.37 x for store; docs/benchmarks.md). Other workers must reach "
+        "relay_port; where they cannot, a worker falls back to the store after relay_max_failures.")
+    piece_kb: int = Field(
+        256, ge=4, le=1 << 20, description="Service: piece size of a version for relay fan-out (KiB). A relay "
+        "forwards a piece once it has all of it, so each hop adds about relay_window pieces' time on its link: "
+        "smaller pieces, shorter chains; more requests.")
+    relay_min_mb: int = Field(
+        32, ge=0, description="fanout=relay: versions smaller than this (MiB) come straight from the store: for a "
+        "small version the chain's start-up and per-hop latency cost more than the store's link saves (a worker "
+        "joining a run of the tiny demo model was ~1 s slower to its first version through the chain).")
+    relay_window: int = Field(2, ge=1, le=64, description="fanout=relay: pieces requested from the upstream at once.")
+    relay_host: str = Field("0.0.0.0", description="fanout=relay: bind address of this worker's relay server.")
+    relay_port: int = Field(0, ge=0, le=65535, description="fanout=relay: its port (0 = a free port).")
+    relay_advertise: str = Field(
+        "", description="fanout=relay: the URL other workers reach this relay at ('' = http://<the address this "
+        "host uses to reach the store>:<port>).")
+    relay_timeout_s: float = Field(
+        10.0, gt=0, description="fanout=relay: a piece not received from the upstream worker in this time is "
+        "taken elsewhere (the store assigns a new upstream; the slow one is reported).")
+    relay_max_failures: int = Field(
+        3, ge=0, description="fanout=relay: upstream failures (dead, slow, a piece that fails its digest) after "
+        "which the rest of the version comes from the store.")
     parallel_transfers: int = Field(4, ge=1, le=64, description="Files a client uploads or downloads at once.")
     chunk_mb: int = Field(8, ge=1, le=256, description="Buffer size of one read/write in transfers (MiB).")
     timeout_s: float = Field(60.0, gt=0, description="Client: socket timeout of one HTTP request.")

@@ -79,6 +79,12 @@ async def test_readers_polling_latest_while_versions_commit_never_see_a_partial_
     def check(manifest: dict) -> None:
         vdir = root / str(manifest["version"])
         names = sorted(p.relative_to(vdir).as_posix() for p in vdir.rglob("*") if p.is_file())
+        if any(n.startswith(".delta/") for n in names) and ".delta/delta.json" not in names:
+            problems.append(f"v{manifest['version']}: a delta without its document")
+        if ".pieces.json" not in names:
+            problems.append(f"v{manifest['version']}: no piece digests")
+        # the version's delta (weight_store/delta.py) and piece digests (weight_store/pieces.py)
+        names = [n for n in names if not n.startswith(".delta/") and n != ".pieces.json"]
         want = sorted([f["name"] for f in manifest["files"]] + ["manifest.json"])
         if names != want:
             problems.append(f"v{manifest['version']}: on disk {names}, manifest {want}")

@@ -118,7 +118,7 @@ async def test_a_commit_cannot_race_an_upload_and_leaves_no_staging_dir(store, t
     status, body = commit(srv, "r", 3, [entry("a.bin", b"abc")])
     assert status == 201, body
     assert not staging.exists() and sorted(p.name for p in (tmp_path / "root" / "r" / "3").iterdir()) == \
-        ["a.bin", "manifest.json"]  # the undeclared upload is gone with its staging dir
+        [".pieces.json", "a.bin", "manifest.json"]  # the undeclared upload is gone with its staging dir
 
 
 def test_the_service_needs_a_token_unless_explicitly_open(tmp_path, caplog):

@@ -99,8 +99,10 @@ class ProcServer:
 
 def store_config(root: Path, **kw) -> WeightStoreConfig:
     port = free_port()
+    # fanout store: these tests are about the store's own download path; the relay's are
+    # tests/weights/test_weights_relay.py and tests/multihost/test_weight_relay.py
     base = dict(url=f"http://127.0.0.1:{port}", root=str(root), port=port, shared_fs=False,
-                cache_dir=str(root.parent / f"cache-{port}"), timeout_s=30.0)
+                cache_dir=str(root.parent / f"cache-{port}"), timeout_s=30.0, fanout="store")
     base.update(kw)
     if not base.get("token"):  # tests of everything but auth talk to the store without a token
         base.setdefault("insecure_no_auth", True)

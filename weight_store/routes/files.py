@@ -27,7 +27,13 @@ async def download(st: Store, run: str, version: str, name: str, request: Reques
     if (run, v) in st.retiring:
         raise StoreError(404, "not_found", f"run {run!r} has no version {v}")
     path, entry = st.storage.file_entry(run, v, name)
-    size, etag = entry["size"], f'"{entry["sha256"]}"'
+    return send_file(st, run, v, path, entry["size"], entry["sha256"], request)
+
+
+def send_file(st, run: str, v: int, path, size: int, sha256: str, request: Request):
+    """The response streaming `path` (`size` bytes, ETag `sha256`) of version `v`: Range, If-Range and
+    HEAD; the version is held against retention until the last byte is sent."""
+    etag = f'"{sha256}"'
     headers = {"ETag": etag, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
     start, end, status = 0, size, 200
     rng = request.headers.get("range")

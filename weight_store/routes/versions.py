@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from weight_store.bodies import json_body
 from weight_store.deps import WRITE, Store
 from weight_store.manifest import check_adapter
+from weight_store.routes.deltas import delta_written
 from weight_store.storage import StoreError, check_run, check_version
 
 log = logging.getLogger("jetrl.weights.server")
@@ -51,7 +52,10 @@ async def commit(st: Store, run: str, version: str, request: Request):
         if cfg.max_versions_per_run and len(st.storage.versions(run)) >= cfg.max_versions_per_run:
             raise StoreError(409, "too_many_versions", f"run {run!r} holds {cfg.max_versions_per_run} versions "
                                                        "(weights.max_versions_per_run)")
-        manifest, raw = await asyncio.to_thread(st.storage.commit, run, v, files, step, dtype, metadata, adapter)
+        delta = (cfg.delta_level, cfg.delta_max_ratio) if cfg.delta else None
+        manifest, raw = await asyncio.to_thread(st.storage.commit, run, v, files, step, dtype, metadata, adapter,
+                                                delta, cfg.piece_kb << 10)
+        delta_written(st, run, st.storage.last_delta)
     st.metrics.commit_seconds.observe(time.perf_counter() - t0)
     st.metrics.commits.inc()
     log.info("committed version %d of run %s (%d files)", v, run, len(manifest["files"]))
