@@ -204,15 +204,19 @@ class RelayNode:
                 timeout = self.cfg.relay_timeout_s
             buf = bytearray()
             try:
-                async with http.stream("GET", url, headers=hdr, timeout=timeout) as r:
-                    if r.status_code not in (200, 206):
-                        raise BadPiece(f"GET {url}: HTTP {r.status_code}")
-                    async for chunk in r.aiter_raw():
-                        buf += chunk
-                        if len(buf) > p.length:  # never buffer more than the piece, whatever a peer sends
-                            raise BadPiece(f"piece {p.index} from {src or 'the store'} is longer than {p.length} bytes")
+                async with asyncio.timeout(timeout):  # the whole piece, not each read: a trickling peer is slow
+                    async with http.stream("GET", url, headers=hdr, timeout=timeout) as r:
+                        if r.status_code not in (200, 206):
+                            raise BadPiece(f"GET {url}: HTTP {r.status_code}")
+                        async for chunk in r.aiter_raw():
+                            buf += chunk
+                            if len(buf) > p.length:  # never buffer more than the piece, whatever a peer sends
+                                raise BadPiece(f"piece {p.index} from {src or 'the store'} is longer than "
+                                               f"{p.length} bytes")
             except httpx.HTTPError as exc:
                 raise TransferError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+            except TimeoutError:
+                raise TransferError(f"GET {url}: no whole piece within {timeout:g} s") from None
             data = bytes(buf)
             got = xxhash.xxh3_128_hexdigest(data)
             if len(data) != p.length or got != p.xxh3_128:
@@ -257,7 +261,14 @@ class RelayNode:
                                     state["upstream"] = await self._join(client, vpath, [src])
 
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=2 * self.cfg.relay_window)) as http:
-            await asyncio.gather(*(worker(http) for _ in range(self.cfg.relay_window)))
+            tasks = [asyncio.create_task(worker(http)) for _ in range(self.cfg.relay_window)]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:  # one gave up (the store unreachable too long): stop the others with it
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
         return True
 
     async def _join(self, client, vpath: str, failed: list[str]) -> str | None:

@@ -84,6 +84,15 @@ class _Liar:
             await reader.readuntil(b"\r\n\r\n")
             body = b"\0" * self.size
             self.served += 1
+            if self.size < 0:  # a trickle: the right length announced, a byte every 0.2 s (each read is quick)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\nConnection: close\r\n\r\n")
+                try:
+                    for _ in range(1 << 20):
+                        writer.write(b"\0")
+                        await writer.drain()
+                        await asyncio.sleep(0.2)
+                except (ConnectionError, OSError):
+                    return
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
             await writer.drain()
             writer.close()
@@ -92,7 +101,7 @@ class _Liar:
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
 
-@pytest.mark.parametrize("size", [1024, 64 << 20], ids=["short", "endless"])
+@pytest.mark.parametrize("size", [1024, 64 << 20, -1], ids=["short", "endless", "trickle"])
 async def test_a_relay_serving_bad_pieces_is_reported_and_the_reader_still_gets_exact_bytes(store, tmp_path, size):
     srv = store(piece_kb=1024)
     pub = WeightStoreClient(srv.cfg)
@@ -104,7 +113,7 @@ async def test_a_relay_serving_bad_pieces_is_reported_and_the_reader_still_gets_
     status, _, body = raw_request(srv.url, "POST", "/v1/runs/r/versions/0/relay",
                                   {"Content-Type": "application/json"}, json.dumps({"peer": url}).encode())
     assert status == 200 and json.loads(body)["upstream"] is None
-    reader = WeightStoreClient(_relay_cfg(srv, tmp_path, 0))
+    reader = WeightStoreClient(_relay_cfg(srv, tmp_path, 0, relay_timeout_s=1.0))
     try:
         got = load_state_dict(await reader.fetch("r", 0, expect_sha256=wv.sha256))
         assert all(torch.equal(got[k], sd[k]) for k in sd)
