@@ -37,14 +37,9 @@ def torchrun_argv(nproc: int, config: str | None, resume: bool, overrides: list[
 def _local_addr(master_addr: str) -> str:
     """This host's address on the route to master_addr (what other nodes reach this one by): torchrun
     otherwise advertises the host name, which other hosts may not resolve."""
-    import socket
+    from shared.runtime.netaddr import address_toward
 
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((socket.gethostbyname(master_addr), 9))  # UDP: no packet is sent
-            return s.getsockname()[0]
-    except OSError:
-        return socket.gethostname()
+    return address_toward(master_addr)
 
 
 def _ifname_of(addr: str) -> str | None:

@@ -316,6 +316,9 @@ class WeightStoreClient:
                                         check=file_digest(f, self.cfg.digest) if self.cfg.verify_sha256 else None)
 
         await asyncio.gather(*(get(f) for f in manifest["files"]))
+        self._count_full(manifest)
+
+    def _count_full(self, manifest: dict) -> None:
         self.stats["full_fetches"] += 1
         self.stats["full_bytes"] += sum(f["size"] for f in manifest["files"])
 
@@ -338,8 +341,7 @@ class WeightStoreClient:
             part.mkdir(parents=True, exist_ok=True)
             return False
         self.stats["relay_fetches"] += 1  # of the full fetches, those that went through the relay chain
-        self.stats["full_fetches"] += 1
-        self.stats["full_bytes"] += sum(f["size"] for f in manifest["files"])
+        self._count_full(manifest)
         return True
 
     async def _from_delta(self, run: str, version: int, manifest: dict, part: Path) -> bool:

@@ -24,7 +24,7 @@ async def get_store(request: Request) -> StoreState:
     return request.app.state.store
 
 
-def _check_token(request: Request, wanted: list[str]) -> None:
+def check_token(request: Request, wanted: list[str]) -> None:
     """Pass when no token is wanted or the request carries one of `wanted` (constant-time compare)."""
     wanted = [w for w in wanted if w]
     if not wanted:
@@ -39,11 +39,11 @@ def _check_token(request: Request, wanted: list[str]) -> None:
 async def read_auth(request: Request) -> None:
     """Reads: the read token or the write token."""
     tokens: Tokens = request.app.state.tokens
-    _check_token(request, [tokens.write, tokens.read])
+    check_token(request, [tokens.write, tokens.read])
 
 
 async def write_auth(request: Request) -> None:
-    _check_token(request, [request.app.state.tokens.write])
+    check_token(request, [request.app.state.tokens.write])
 
 
 Store = Annotated[StoreState, Depends(get_store)]

@@ -15,7 +15,8 @@ file is checked against the announced manifest at the end, as for any fetch (Wei
 
     GET /v1/relay/{run}/{version}/pieces/{index}   the piece's bytes, once this worker has checked it;
         waits up to relay_timeout_s / 2 for a piece still on its way (then 503); 404 for a version it
-        does not hold. Bearer token: weights.read_token or weights.token, as for the store.
+        does not hold. Bearer token: this worker's weights.read_token or weights.token, checked as the
+        store checks them (weight_store/deps.py, check_token).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import socket
 from pathlib import Path
 from urllib.parse import quote, urlsplit
@@ -35,7 +35,10 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from shared.config import WeightStoreConfig
+from shared.runtime.netaddr import address_toward
+from weight_store.deps import check_token
 from weight_store.pieces import Piece, check_pieces
+from weight_store.storage import StoreError
 from weight_store.transfer import DigestMismatch, TransferError, WeightStoreError
 
 log = logging.getLogger("jetrl.weights.relay")
@@ -86,14 +89,6 @@ class Holding:
         raise FileNotFoundError(p.name)
 
 
-def local_address_toward(url: str) -> str:
-    """The address this host uses to reach `url`'s host (no packet is sent)."""
-    parts = urlsplit(url)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((parts.hostname or "127.0.0.1", parts.port or 80))
-        return s.getsockname()[0]
-
-
 class RelayNode:
     """This worker's relay: the HTTP server that serves checked pieces, and the chained fetch."""
 
@@ -116,10 +111,10 @@ class RelayNode:
 
         @app.get("/v1/relay/{run}/{version}/pieces/{index}")
         async def piece(run: str, version: str, index: str, request: Request):
-            if self._tokens:
-                got = request.headers.get("authorization", "")
-                if not any(secrets.compare_digest(got, f"Bearer {t}") for t in self._tokens):
-                    return JSONResponse({"error": "unauthorized", "message": "bearer token required"}, 401)
+            try:
+                check_token(request, self._tokens)  # the store's own check: the same tokens, 401 / 403
+            except StoreError as exc:
+                return JSONResponse({"error": exc.code, "message": exc.message}, exc.status)
             h = self.held.get((run, int(version))) if version.isdigit() and len(version) <= 12 else None
             if h is None or not index.isdigit() or int(index) >= len(h.pieces):
                 return JSONResponse({"error": "not_found", "message": "this relay does not hold that piece"}, 404)
@@ -151,7 +146,8 @@ class RelayNode:
             if self._task.done():
                 self._task.result()
             await asyncio.sleep(0.01)
-        self.url = self.cfg.relay_advertise or f"http://{local_address_toward(self.cfg.url)}:{port}"
+        store = urlsplit(self.cfg.url).hostname or "127.0.0.1"
+        self.url = self.cfg.relay_advertise or f"http://{address_toward(store)}:{port}"
         log.info("weight relay serving at %s", self.url)
         return self.url
 

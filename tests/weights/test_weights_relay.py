@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import pytest
 import torch
 from weights_helpers import raw_request, state_dict
@@ -161,3 +162,23 @@ def test_the_relay_route_refuses_bad_peers_and_unknown_versions(store):
     status, _, raw = raw_request(srv.url, "POST", "/v1/runs/r/versions/7/relay",
                                  {"Content-Type": "application/json"}, json.dumps({"peer": "http://a:1"}).encode())
     assert status == 404
+
+
+async def test_a_relay_serves_only_with_the_stores_tokens(store, tmp_path):
+    srv = store(piece_kb=1024, token="write-tok", read_token="read-tok")
+    pub = WeightStoreClient(srv.cfg)
+    sd = state_dict(n=4)
+    wv = await pub.publish("r", 0, sd)
+    reader = WeightStoreClient(_relay_cfg(srv, tmp_path, 0, token="", read_token="read-tok"))
+    try:
+        await reader.fetch("r", 0, expect_sha256=wv.sha256)
+        url = reader.relay.url
+        for headers, status in [({}, 401), ({"Authorization": "Bearer nope"}, 403),
+                                ({"Authorization": "Bearer read-tok"}, 200),
+                                # a relay knows only the tokens of its own config (this worker holds the read one)
+                                ({"Authorization": "Bearer write-tok"}, 403)]:
+            async with httpx.AsyncClient() as http:
+                got = (await http.get(f"{url}/v1/relay/r/0/pieces/0", headers=headers, timeout=10)).status_code
+            assert got == status, (headers, got)
+    finally:
+        await reader.close()
