@@ -1,6 +1,7 @@
 """Asynchronous vs synchronous RL through the real services, side by side in one run.
 
     python -m bench.async_vs_sync [--workers 8] [--steps 30] [--skip-local]
+    python -m bench.async_vs_sync --scale 1,8,64,256 [--per-process 64] [--steps 20]
 
 Two runs of the same workload through `jetrl up`'s launcher (embedded nats-server, controller with
 SQLite, weight store, reward service, N rollout workers, trainer), differing only in
@@ -24,12 +25,22 @@ local torch engine, tiny model, real training; `jetrl demo`'s settings) and is r
 on 2 CPU cores generation and training share the cores, so overlap gains less there.
 
 Last line: `async_speedup: X` (sim workload; target >= 2.5 and >= 90 % of the ideal ratio).
+
+With `--scale N1,N2,...` it measures the control plane at each worker count instead: one asynchronous run
+(max_staleness 4) per N, `--per-process` workers per rollout process (rollout_service/pool.py), the batch
+growing with N (max(--batch, N / 4) groups, so 256 workers feed 64 groups = 512 samples per version).
+Per N it prints the steady time per version ((last step - first step) / (steps - 1): the first batch's
+fill left out) against the perfectly overlapped ideal per version (max(step cost, the cost model's
+generation of all samples by N workers) / steps), prompts/s, how late the controller stored the
+trainer's step events, the ledger, and the CPU cores each service used (on 2 cores, where it bends).
+Last line: `async_scale_efficiency: X` (ideal / measured time per version at the last N; target >= 0.9).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -62,7 +73,7 @@ def sim_settings(run: str, max_staleness: int, a: argparse.Namespace) -> dict:
             "group_size": a.group,
             "max_in_flight": a.max_in_flight,
             "sampling": {"temperature": 1.0, "max_new_tokens": a.max_new_tokens},
-            "service": {"fetch_batch": 2},
+            "service": {"fetch_batch": 2, "workers_per_process": a.per_process},
             "sim": {"vocab_size": vocab, "output_len_median": a.len_median, "output_len_sigma": a.len_sigma,
                     "decode_base_s": a.decode_s, "decode_s_per_seq": 1e-5, "decode_s_per_ctx_token": 0.0,
                     "prefill_base_s": 0.005, "prefill_s_per_token": 1e-6, "max_concurrency": 256},
@@ -119,6 +130,11 @@ class RunResult:
     dropped_stale_groups: int
     staleness_mean: float
     step_s_median: float
+    steady_s_per_version: float = 0.0  # (last step - first step) / (steps - 1): the fill left out
+    groups_trained: int = 0
+    store_lag_s: float = 0.0  # most seconds from a step event to the controller having stored it
+    cores: dict = None  # CPU cores each service used over the timed window
+    ledger: dict = None
 
 
 async def timed_run(settings: dict, mode: str, workers: int, root: Path, dataset: Path, timeout_s: float) -> RunResult:
@@ -139,12 +155,30 @@ async def timed_run(settings: dict, mode: str, workers: int, root: Path, dataset
         t0 = time.time()
         await launcher.enqueue(dataset, epochs=1, shuffle_seed=0)
 
+        cpu0 = child_cpu(launcher)
+        seen: dict[int, float] = {}  # step event index -> when the controller had stored it
+
+        cpu = dict(cpu0)
+
         async def trainer_finished():
             await launcher.poll()
+            for i in range(len(seen), len(launcher.steps)):
+                seen[i] = time.time()
+            cpu.update(child_cpu(launcher))  # the last reading of each child (the trainer exits at the end)
             return launcher.sup.status()["trainer"]["finished"]
 
-        await poll_until(trainer_finished, timeout_s, "the trainer to finish")
-        await launcher.poll()
+        await poll_until(trainer_finished, timeout_s, "the trainer to finish", every_s=0.25)
+        t_end = time.time()
+        cpu = {k: v - cpu0.get(k, 0.0) for k, v in cpu.items()}
+        n_steps = cfg.schedule.total_steps
+
+        async def all_steps_stored():  # the controller may still be catching up with the bus
+            await launcher.poll()
+            for i in range(len(seen), len(launcher.steps)):
+                seen[i] = time.time()
+            return len(launcher.steps) >= n_steps
+
+        await poll_until(all_steps_stored, timeout_s, f"the controller to store all {n_steps} step events", every_s=0.25)
         steps = launcher.steps
         ledger = await launcher._check(await launcher.http.get(f"/v1/runs/{cfg.run}/ledger"))
     finally:
@@ -155,12 +189,45 @@ async def timed_run(settings: dict, mode: str, workers: int, root: Path, dataset
             hist[int(k)] = hist.get(int(k), 0) + int(v)
     n = sum(hist.values())
     times = [s["time"] for s in steps]
+    wall = t_end - t0
     return RunResult(
         mode=mode, seconds=steps[-1]["time"] - t0, versions=max(int(s["version"]) for s in steps),
         samples=sum(int(s.get("samples", 0)) for s in steps), dropped_stale_groups=int(ledger.get("dropped_stale", 0)),
         staleness_mean=sum(k * v for k, v in hist.items()) / n if n else 0.0,
         step_s_median=statistics.median(b - a for a, b in zip(times, times[1:], strict=False)) if len(times) > 1 else 0.0,
+        steady_s_per_version=(times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
+        groups_trained=sum(int(s.get("groups", 0)) for s in steps),
+        store_lag_s=max(seen[i] - steps[i]["time"] for i in range(len(steps))) if steps else 0.0,
+        cores={k: v / wall for k, v in cpu.items()}, ledger=ledger,
     )
+
+
+def child_cpu(launcher: Launcher) -> dict[str, float]:
+    """CPU seconds (user + system) each of the launcher's children has used so far with its descendants
+    (the nats-server under `jetrl nats`, the trainer's ranks under torchrun), by service name (rollout-0,
+    rollout-1 ... summed as "rollout")."""
+    out: dict[str, float] = {}
+    for name, st in launcher.sup.status().items():
+        if st.get("pid"):
+            key = name.rsplit("-", 1)[0] if name[-1:].isdigit() else name
+            out[key] = out.get(key, 0.0) + tree_cpu(st["pid"])
+    return out
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process, its reaped children and its live descendants."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    total = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        total += sum(tree_cpu(int(c)) for c in children)
+    return total
 
 
 def show(r: RunResult) -> None:
@@ -179,7 +246,42 @@ async def pair(name: str, make_settings, workers: int, root: Path, dataset: Path
     return out
 
 
+async def scale(a: argparse.Namespace) -> None:
+    """The control plane at N workers: asynchronous runs (max_staleness 4) at each N of --scale, the
+    batch growing with N (max(8, N / 4) groups), against the perfectly overlapped ideal per version."""
+    ns = [int(x) for x in a.scale.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="jetrl-bench-scale-") as d:
+        root = Path(d)
+        for n in ns:
+            b = argparse.Namespace(**{**vars(a), "workers": n, "batch": max(a.batch, n // 4)})
+            _, _, train = await ideal_times(b)
+            cfg = JetrlConfig.model_validate(sim_settings("ideal", 4, b))
+            window = min(5 * b.batch * b.group // n, b.max_in_flight * b.group)  # sequences one worker runs at once
+            total = b.steps * b.batch * b.group // n
+            gen = max([(await virtual_generation_s(cfg, max(1, total), max(1, window), seed=10**6 + w))[0]
+                       for w in range(min(n, 16))])  # 16 draws of the slowest worker are plenty
+            ideal = max(train, gen) / b.steps
+            dataset, _ = write_dataset(root / f"data-{n}", train=b.steps * b.batch * 2 + 64, heldout=10, seed=0)
+            per = min(n, a.per_process)
+            r = await timed_run(sim_settings(f"scale{n}-{int(time.time())}", 4, b), f"{n} workers", n, root,
+                                dataset, a.timeout)
+            eff = ideal / r.steady_s_per_version if r.steady_s_per_version else 0.0
+            lg = r.ledger or {}
+            cores = "  ".join(f"{k} {v:.2f}" for k, v in sorted(r.cores.items(), key=lambda kv: -kv[1]))
+            print(f"  N={n:<4} ({-(-n // per)} processes) batch {b.batch} groups: {r.steady_s_per_version:.2f} s per "
+                  f"version (ideal {ideal:.2f}), {b.batch / r.steady_s_per_version:.1f} prompts/s, efficiency "
+                  f"{eff:.2f}; controller stored step events up to {r.store_lag_s:.1f} s late; ledger balanced "
+                  f"{lg.get('balanced')} (released {lg.get('released')}, trained {lg.get('trained')}, stale "
+                  f"{lg.get('dropped_stale')}, in flight {lg.get('in_flight')})", flush=True)
+            print(f"         CPU cores used: {cores}", flush=True)
+            rows.append((n, eff))
+    print(f"async_scale_efficiency: {rows[-1][1]:.2f}")
+
+
 async def main_async(a: argparse.Namespace) -> None:
+    if a.scale:
+        return await scale(a)
     sync_ideal, async_ideal, train = await ideal_times(a)
     ideal = sync_ideal / async_ideal
     print(f"sim workload: {a.workers} rollout workers (sim engine, output length log-normal median "
@@ -218,6 +320,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30, help="versions trained per run")
     p.add_argument("--batch", type=int, default=8, help="groups per step")
     p.add_argument("--group", type=int, default=8, help="samples per group")
+    p.add_argument("--per-process", type=int, default=1, help="rollout workers per process (asyncio workers)")
     p.add_argument("--max-in-flight", type=int, default=16, help="prompt tasks per worker")
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--len-median", type=float, default=64.0, help="median output length (tokens)")
@@ -226,6 +329,8 @@ def main() -> None:
     p.add_argument("--step-s", type=float, default=1.0, help="simulated seconds per optimizer step")
     p.add_argument("--local-steps", type=int, default=100, help="versions of the local-engine demo-task pair")
     p.add_argument("--skip-local", action="store_true", help="only the sim workload")
+    p.add_argument("--scale", default="", help="comma-separated worker counts (e.g. 1,8,64,256): the control-plane "
+                   "scale runs instead of the sync / async pair; last line async_scale_efficiency at the last count")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds one run may take")
     asyncio.run(main_async(p.parse_args()))
 

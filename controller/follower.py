@@ -8,21 +8,24 @@
   event sets the run's signal state (no_signal.py).
 - `jetrl.<run>.dlq.>` (durable `controller-dlq-<run>`): the original message is decoded as a
   PromptTask or TrajectoryGroup to find its group, which becomes dead_lettered.
-A redelivered event (stream sequence already stored) changes nothing.
+A redelivered event (stream sequence already stored) changes nothing. Events arriving together are
+stored in one transaction (batch_writer.py), each acked after its commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 
 import nats
 from nats.aio.msg import Msg
-from sqlalchemy import update
+from sqlalchemy import insert, update
 from sqlalchemy.exc import IntegrityError
 
 from controller import ledger, memory, no_signal
+from controller.batch_writer import BatchWriter
 from controller.db import (
     DEAD_LETTERED,
     DROPPED_STALE,
@@ -78,17 +81,58 @@ def _ids(v) -> list[str]:
     return [str(x) for x in v] if isinstance(v, list) else []
 
 
+def _health_row(run_id: str, ev: Event) -> dict:
+    instance = str(ev.instance or ev.data.get("instance") or "")
+    return dict(run_id=run_id, service=ev.service[:64], instance=instance[:200],
+                status=str(ev.data.get("status", "ok"))[:32], last_seen=ev.time, data=ev.data)
+
+
+def _event_row(run_id: str, ev: Event, stream: str, seq: int | None) -> dict:
+    return dict(run_id=run_id, service=ev.service[:64], kind=ev.kind[:64], instance=ev.instance[:200],
+                time=ev.time, data=ev.data, stream=stream, stream_seq=seq or None)
+
+
+def _metric_rows(run_id: str, ev: Event) -> list[dict]:
+    """A trainer "step" or rollout "metrics" event's numbers as metric series points."""
+    if ev.kind not in ("step", "metrics"):
+        return []
+    x = ev.data.get("version", ev.data.get("step")) if ev.kind == "step" else ev.time
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        x = ev.time
+    return [dict(run_id=run_id, service=ev.service[:64], name=k[:128], x=float(x), value=v, time=ev.time)
+            for k, v in _numbers(ev.data).items()]
+
+
+def _store_in(s, run_id: str, ev: Event, stream: str, seq: int | None) -> int:
+    """One (non-health) event's row, metric series and ledger moves, in the caller's transaction; an
+    IntegrityError at the flush means it is stored already (a redelivery). Returns the rows moved."""
+    s.add(EventRow(**_event_row(run_id, ev, stream, seq)))
+    s.flush()
+    s.add_all([Metric(**m) for m in _metric_rows(run_id, ev)])
+    return _move_groups(s, run_id, ev)
+
+
+def _upsert_health(s, rows: list[dict]) -> None:
+    """Insert-or-update health rows in one statement (SQLite and PostgreSQL), else one merge each."""
+    dialect = s.get_bind().dialect.name
+    if dialect not in ("sqlite", "postgresql"):
+        for row in rows:
+            s.merge(Health(**row))
+        return
+    stmt = importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert(Health)
+    stmt = stmt.on_conflict_do_update(index_elements=["run_id", "service", "instance"],
+                                      set_={c: stmt.excluded[c] for c in ("status", "last_seen", "data")})
+    s.execute(stmt, rows)
+
+
 def store_event(Session_, run_id: str, ev: Event, stream: str, seq: int | None) -> bool:
     """Persist one event; returns True when ledger rows moved (admission may have room now)."""
     ev.data = clean_json(ev.data) if isinstance(ev.data, dict) else {}
     if ev.kind == "health":
-        instance = str(ev.instance or ev.data.get("instance") or "")
-        row = dict(run_id=run_id, service=ev.service[:64], instance=instance[:200],
-                   status=str(ev.data.get("status", "ok"))[:32], last_seen=ev.time, data=ev.data)
         for _ in range(3):
             try:
                 with Session_.begin() as s:
-                    s.merge(Health(**row))
+                    s.merge(Health(**_health_row(run_id, ev)))
                 break
             except IntegrityError:  # a concurrent first insert of the same key: merge again
                 continue
@@ -98,19 +142,38 @@ def store_event(Session_, run_id: str, ev: Event, stream: str, seq: int | None) 
     # look like a duplicate, and its groups would never move).
     try:
         with Session_.begin() as s:
-            s.add(EventRow(run_id=run_id, service=ev.service[:64], kind=ev.kind[:64], instance=ev.instance[:200],
-                           time=ev.time, data=ev.data, stream=stream, stream_seq=seq or None))
-            s.flush()
-            if ev.kind in ("step", "metrics"):
-                x = ev.data.get("version", ev.data.get("step")) if ev.kind == "step" else ev.time
-                if not isinstance(x, (int, float)) or isinstance(x, bool):
-                    x = ev.time
-                s.add_all([Metric(run_id=run_id, service=ev.service[:64], name=k[:128], x=float(x), value=v,
-                                  time=ev.time) for k, v in _numbers(ev.data).items()])
-            moved = _move_groups(s, run_id, ev)
+            moved = _store_in(s, run_id, ev, stream, seq)
     except IntegrityError:
         return False  # already stored: a redelivery
     return moved > 0
+
+
+def store_events(Session_, run_id: str, batch: list[tuple[Event, str, int | None]]) -> list[bool]:
+    """Several events in one transaction (BatchWriter's write_many): their rows and metric points inserted
+    in bulk, then their ledger moves in order; the newest health event of each instance is kept. Raises
+    (nothing stored) when any of them is stored already: the caller then writes them one by one with
+    store_event. Returns, per event, whether ledger rows moved."""
+    health, rows, points, stored = {}, [], [], []
+    for ev, stream, seq in batch:
+        ev.data = clean_json(ev.data) if isinstance(ev.data, dict) else {}
+        if ev.kind == "health":
+            row = _health_row(run_id, ev)
+            health[(row["service"], row["instance"])] = row
+        else:
+            rows.append(_event_row(run_id, ev, stream, seq))
+            points += _metric_rows(run_id, ev)
+            stored.append(ev)
+    moved = {}
+    with Session_.begin() as s:
+        if rows:
+            s.execute(insert(EventRow), rows)  # a redelivered event's stream sequence raises IntegrityError
+        if points:
+            s.execute(insert(Metric), points)
+        for ev in stored:
+            moved[id(ev)] = _move_groups(s, run_id, ev) > 0
+        if health:
+            _upsert_health(s, list(health.values()))
+    return [moved.get(id(ev), False) for ev, _, _ in batch]
 
 
 def _move_groups(s, run_id: str, ev: Event) -> int:
@@ -181,6 +244,8 @@ class RunFollower:
     def __init__(self, ctl, run_id: str, releaser=None):
         self.ctl, self.run_id, self.releaser = ctl, run_id, releaser
         self.gate = VersionGate(ctl, run_id)
+        self.writer = BatchWriter(lambda batch: store_events(ctl.Session, run_id, batch),
+                                  lambda item: store_event(ctl.Session, run_id, *item))
         self.loops: list[ConsumerLoop] = []
         self._tasks: list[asyncio.Task] = []
         self._stop = asyncio.Event()
@@ -189,7 +254,7 @@ class RunFollower:
         js, nc = self.ctl.js, self.ctl.nc
         ev = ConsumerLoop(js, nc, run=self.run_id, stream=subjects.EVENTS_STREAM, subject=subjects.events_all(self.run_id),
                           durable=subjects.controller_events_consumer(self.run_id), handler=self._on_event,
-                          expect=Event, batch=64, max_in_flight=4, source="controller-events")
+                          expect=Event, batch=256, max_in_flight=512, source="controller-events")
         dlq = ConsumerLoop(js, nc, run=self.run_id, stream=subjects.DLQ_STREAM, subject=subjects.dlq_all(self.run_id),
                            durable=subjects.controller_dlq_consumer(self.run_id), handler=self._on_dead_letter,
                            expect=DeadLetter, batch=64, max_in_flight=4, source="controller-dlq")
@@ -222,7 +287,7 @@ class RunFollower:
         return m.metadata.sequence.stream if m.metadata else None
 
     async def _on_event(self, ev: Event, m: Msg) -> None:
-        if await asyncio.to_thread(store_event, self.ctl.Session, self.run_id, ev, subjects.EVENTS_STREAM, self._seq(m)):
+        if await self.writer.submit((ev, subjects.EVENTS_STREAM, self._seq(m))):
             await self._freed()
 
     async def _on_dead_letter(self, dl: DeadLetter, m: Msg) -> None:

@@ -13,7 +13,7 @@ from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, r
 def up_cmd(
     config: str = CONFIG_OPTION,
     run_dir: str = typer.Option("", "--run-dir", help="Logs, resolved config and state ('' = jetrl-runs/<run>)."),
-    workers: int = typer.Option(1, "--workers", "-w", min=1, help="Rollout worker processes."),
+    workers: int = typer.Option(1, "--workers", "-w", min=1, help="Rollout workers (processes of rollout.service.workers_per_process workers each)."),
     reward_replicas: int = typer.Option(1, "--reward-replicas", min=1, help="Reward service processes."),
     dataset: str = typer.Option("", "--dataset", help="Register this JSONL/Parquet file and enqueue it "
                                 "(default: launch.dataset)."),

@@ -222,12 +222,15 @@ def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[Proc
     eval_dataset = opts.eval_dataset or ecfg.dataset
     eval_every = opts.eval_every or ecfg.eval_every
     want_eval = opts.with_eval and bool(eval_dataset) and eval_every > 0
-    n_torch = opts.workers + resolved.trainer.nproc + (1 if want_eval else 0)
+    n_torch = -(-opts.workers // resolved.rollout.service.workers_per_process) + resolved.trainer.nproc + (1 if want_eval else 0)
     threads = _threads_env(n_torch, resolved.launch.torch_threads)
-    for i in range(opts.workers):
-        name = "rollout" if opts.workers == 1 else f"rollout-{i}"
-        specs.append(ProcessSpec(name, CHILD + ["rollout", "-c", f, "--worker", f"{resolved.run}-{name}"],
-                                 env=dict(threads)))
+    per = resolved.rollout.service.workers_per_process
+    n_proc = -(-opts.workers // per)  # rollout processes; the last may hold fewer workers
+    for i in range(n_proc):
+        name = "rollout" if n_proc == 1 else f"rollout-{i}"
+        count = min(per, opts.workers - i * per)
+        specs.append(ProcessSpec(name, CHILD + ["rollout", "-c", f, "--worker", f"{resolved.run}-{name}",
+                                                "--workers", str(count)], env=dict(threads)))
     specs.append(ProcessSpec("trainer", CHILD + ["trainer", "-c", f, "--resume"], env=dict(threads)))
     if resolved.tracking.enabled:  # one more bus subscriber; the trainer and workers know nothing of it
         specs.append(ProcessSpec("track", CHILD + ["track", "-c", f]))

@@ -1,4 +1,4 @@
-"""`jetrl rollout -c CONFIG [overrides]`: one rollout worker (start as many as you like)."""
+"""`jetrl rollout -c CONFIG [overrides] [--workers K]`: one rollout worker, or K in one process (start as many as you like)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, r
 def rollout_cmd(
     config: str = CONFIG_OPTION,
     overrides: list[str] = OVERRIDES_ARG,
-    worker: str = typer.Option("", "--worker", help="Worker id in events and groups ('' = host-pid-random)."),
+    worker: str = typer.Option("", "--worker", help="Worker id in events and groups ('' = host-pid-random); "
+                               "with several workers, each is <id>-<i>."),
+    workers: int = typer.Option(0, "--workers", min=0, max=1024,
+                                help="Workers in this process (0 = rollout.service.workers_per_process)."),
 ) -> None:
     """Run a rollout worker: prompts -> workflow -> trajectory groups, following weight announcements."""
     cfg = load_or_exit(config, overrides)
@@ -26,7 +29,13 @@ def rollout_cmd(
     except (WorkflowLoadError, ValueError) as exc:
         typer.secho(f"config error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    run_async(serve(cfg, tools=tools, instance=worker or None))
+    count = workers or cfg.rollout.service.workers_per_process
+    if count > 1:
+        from rollout_service.pool import serve_pool
+
+        run_async(serve_pool(cfg, count, tools=tools, instance=worker or None))
+    else:
+        run_async(serve(cfg, tools=tools, instance=worker or None))
 
 
 def register(app: typer.Typer) -> None:

@@ -73,11 +73,12 @@ def prompt_record(group: TrajectoryGroup, success_reward: float) -> dict[str, An
 class RolloutWorker:
     """One rollout worker. Parts not given are built from the config at `start()`:
     engine = make_engine(cfg), tokenizer = the model's, reward = RewardClient, weights = the weight store
-    (`weights` = (watch, fetch[, latest]) replaces it, see weight_sync.py)."""
+    (`weights` = (watch, fetch[, latest]) replaces it, see weight_sync.py); `nc` = a NATS connection shared
+    with other workers of the process (rollout_service/pool.py), which close() leaves open."""
 
     def __init__(self, cfg: JetrlConfig, *, engine=None, tokenizer=None, reward=None,
                  workflow: Workflow | None = None, tools: ToolRegistry | None = None,
-                 weights: tuple | None = None, instance: str | None = None):
+                 weights: tuple | None = None, instance: str | None = None, nc=None):
         self.cfg = cfg
         self.instance = instance or worker_id()
         self.engine, self.tokenizer, self.reward, self.tools = engine, tokenizer, reward, tools
@@ -91,6 +92,7 @@ class RolloutWorker:
         self.samples_drawn = 0  # every sample generated and scored, adaptive sampling's extra rounds included
         self.errors = 0
         self.nc = self.js = self.loop = self.follower = self.ctx = self.events = self.agents = None
+        self._shared_nc = nc
         self._pending_ids: list[str] = []
         self._pending_prompts: list[dict] = []  # prompt_record of each id in _pending_ids
         self._closers: list[Any] = []
@@ -114,7 +116,7 @@ class RolloutWorker:
 
             self.engine = make_engine(cfg)
         await self.engine.start()
-        self.nc = await bus.connect(cfg.nats, name=f"rollout-{self.instance}")
+        self.nc = self._shared_nc or await bus.connect(cfg.nats, name=f"rollout-{self.instance}")
         self.js = self.nc.jetstream()
         await bus.ensure_streams(self.js, cfg.streams)
         self.events = bus.EventPublisher(self.js, self.nc, cfg.run, SERVICE, self.instance)
@@ -129,6 +131,7 @@ class RolloutWorker:
                 self._fetch_stats = fetch.stats
             else:
                 watch, fetch, latest = (tuple(self._weights) + (None,))[:3]
+                self._fetch_stats = getattr(fetch, "stats", None)
             from shared.model.adapters import base_fingerprint
 
             self.follower = WeightFollower(self.engine, cfg.run, watch, fetch, latest,
@@ -223,7 +226,7 @@ class RolloutWorker:
         if self.engine is not None:
             with contextlib.suppress(Exception):
                 await self.engine.close()
-        if self.nc is not None and not self.nc.is_closed:
+        if self.nc is not None and not self.nc.is_closed and self.nc is not self._shared_nc:
             # Everything worth keeping is acked by now (groups by JetStream, prompts by us): flush, close.
             with contextlib.suppress(Exception):
                 await bus.flush(self.nc, timeout=5)

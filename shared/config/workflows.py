@@ -80,6 +80,13 @@ class ServiceConfig(Section):
         60.0, gt=0, description="After SIGTERM, tasks in flight get this long to finish; then they are cancelled "
         "(not acked: JetStream redelivers them) and the worker exits.",
     )
+    workers_per_process: int = Field(
+        1, ge=1, le=1024, description="Rollout workers one `jetrl rollout` process runs (rollout_service/pool.py): "
+        "each has its own engine, prompt consumer, staleness gate and worker id (`<id>-<i>`); they share one NATS "
+        "connection, one watch of the weight announcements, one weight download per version and one /metrics "
+        "(series labelled `worker`). For many light workers (engine sim, or engines served elsewhere); "
+        "`jetrl up --workers N` starts ceil(N / this) processes.",
+    )
 
 
 class AgentConfig(Section):

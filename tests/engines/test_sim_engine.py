@@ -76,15 +76,41 @@ async def test_sim_runs_at_most_max_concurrency_and_queues_the_rest():
 
 
 async def test_sim_versions_switch_at_a_step_boundary_after_update_weights():
-    eng = await sim(output_len_median=1000.0, output_len_sigma=0.0, time_scale=1e-3)
+    eng = await sim(output_len_median=1000.0, output_len_sigma=0.0, time_scale=0.05)  # 0.25 ms a step
     try:
         task = asyncio.create_task(eng.generate(GenerateRequest([1, 2], SamplingParams(max_new_tokens=400))))
-        while eng.stats()["tokens_generated"] < 10:
-            await asyncio.sleep(0.001)
-        await eng.update_weights(3)
+        await asyncio.sleep(0.02)
+        await eng.update_weights(3)  # wakes the engine in the middle of a sleep over many steps
         r = await task
         assert await eng.abort(None) == 0
     finally:
         await eng.close()
     k = r.versions.count(0)
     assert 10 <= k < 400 and r.versions == [0] * k + [3] * (400 - k)
+
+
+async def test_sim_steps_slept_together_keep_the_virtual_times_of_steps_slept_one_by_one():
+    """At time_scale > 0 the engine sleeps the steps that change nothing in one go (fewer wake-ups for
+    hundreds of engines); the simulated timings and the tokens' count are those of the step-by-step
+    engine (time_scale 0), and the wall time follows the simulated time."""
+    import time
+
+    opts = dict(output_len_median=300.0, output_len_sigma=0.0, decode_base_s=0.002, decode_s_per_ctx_token=1e-6)
+    sp = SamplingParams(max_new_tokens=400, seed=5)
+    ref = await sim(**opts)
+    try:
+        expect = await ref.generate(GenerateRequest([1, 2, 3], sp))
+    finally:
+        await ref.close()
+    eng = await sim(**opts, time_scale=1.0)
+    try:
+        t0 = time.monotonic()
+        got = await eng.generate(GenerateRequest([1, 2, 3], sp))
+        wall = time.monotonic() - t0
+    finally:
+        await eng.close()
+    assert len(got.output_ids) == len(expect.output_ids) == 300 and got.finish_reason == "stop"
+    assert got.output_ids == expect.output_ids and got.logprobs == expect.logprobs  # the same draws, in order
+    for k in ("queue", "prefill", "decode", "total"):
+        assert math.isclose(got.timings[k], expect.timings[k], rel_tol=1e-9, abs_tol=1e-12), k
+    assert wall >= expect.timings["total"] * 0.95  # slept what it simulates (not less)
