@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.cpu import tree_cpu
 from launcher.demo.run import demo_settings
 from launcher.demo.task import write_dataset
 from launcher.plan import UpOptions
@@ -164,7 +164,8 @@ async def timed_run(settings: dict, mode: str, workers: int, root: Path, dataset
             await launcher.poll()
             for i in range(len(seen), len(launcher.steps)):
                 seen[i] = time.time()
-            cpu.update(child_cpu(launcher))  # the last reading of each child (the trainer exits at the end)
+            for k, v in child_cpu(launcher).items():  # CPU time only grows: a child exiting (the trainer's
+                cpu[k] = max(cpu.get(k, 0.0), v)       # ranks at the end) keeps its last reading
             return launcher.sup.status()["trainer"]["finished"]
 
         await poll_until(trainer_finished, timeout_s, "the trainer to finish", every_s=0.25)
@@ -212,22 +213,6 @@ def child_cpu(launcher: Launcher) -> dict[str, float]:
             key = name.rsplit("-", 1)[0] if name[-1:].isdigit() else name
             out[key] = out.get(key, 0.0) + tree_cpu(st["pid"])
     return out
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds of a process, its reaped children and its live descendants."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    total = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children = (task / "children").read_text().split()
-        except OSError:
-            continue
-        total += sum(tree_cpu(int(c)) for c in children)
-    return total
 
 
 def show(r: RunResult) -> None:

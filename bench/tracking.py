@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import resource
 import statistics
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.cpu import cpu_seconds
 from launcher.demo.run import demo_settings
 from launcher.demo.task import write_dataset
 from launcher.plan import UpOptions
@@ -63,15 +63,6 @@ async def reader(launcher: Launcher, stop: asyncio.Event) -> int:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 2.0)
     return n
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and its reaped children (Linux /proc), 0 when gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
 
 
 def process_cpu(launcher: Launcher) -> dict[str, float]:

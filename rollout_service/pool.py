@@ -11,7 +11,7 @@ controller, the ledger and the trainer see K workers. What they share is what wo
 - one WeightStoreClient, and one fetch per version for all workers (`fetch_once`): a version is
   downloaded (or rebuilt from its delta) and checked once per process, not once per worker (measured at
   256 workers in 4 processes: 64 workers checking the same files each took a version 0.5 s to reach);
-- the tokenizer, and one /metrics endpoint whose series carry a `worker` label (`PoolCollector`).
+- the tools (MCP servers started once per process), the tokenizer, and one /metrics endpoint whose series carry a `worker` label (`PoolCollector`).
 
 The workers live and die together: SIGTERM stops them all (tasks in flight finish); a worker that ends
 with an error (its engine died) stops the others, and the process exits with that error for its
@@ -160,6 +160,14 @@ class WorkerPool:
         from shared.model.tinymodel import load_tokenizer
 
         tokenizer = self.tokenizer or await asyncio.to_thread(load_tokenizer, cfg.model.tokenizer or cfg.model.path)
+        if self.tools is None:  # one registry for the pool: its MCP servers are started once, closed with it
+            from rollout_service.tools import build_tools
+
+            self.tools = build_tools(cfg.rollout.tools)
+            if cfg.rollout.tools.mcp:
+                from rollout_service.tools.mcp_tools import start_mcp_tools
+
+                self._closers.append(await start_mcp_tools(cfg.rollout.tools, self.tools))
         self.nc = await bus.connect(cfg.nats, name=f"rollout-pool-{self.ids[0]}")
         weights = None
         if cfg.rollout.service.follow_weights:

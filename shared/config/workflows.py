@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shared.config.base import Section
 
@@ -16,6 +16,74 @@ class MultiTurnConfig(Section):
     )
     feedback: str = Field("\nwrong, try again\n", description="Environment message after an answer that failed.")
     success_reward: float = Field(1.0, description="An answer scoring at least this ends the episode.")
+
+
+class McpServerConfig(Section):
+    """One MCP server whose tools the tool-calling workflow offers (rollout_service/tools/mcp_tools.py)."""
+
+    SECTION = "rollout.tools.mcp"
+    name: str = Field(
+        ..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+        description="Name of the server: in logs, errors and (by default) the prefix of its tools' names.",
+    )
+    transport: Literal["stdio", "http"] = Field(
+        "stdio", description="stdio: start `command` as a subprocess and talk over its stdin/stdout; http: "
+        "connect to a streamable HTTP endpoint at `url`.",
+    )
+    command: list[str] = Field(
+        default_factory=list, description="stdio: the server's argv (program, then arguments). The subprocess gets "
+        "only HOME, LOGNAME, PATH, SHELL, TERM, USER of the worker's environment, plus `env`.",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="stdio: extra environment variables of the server.")
+    cwd: str = Field(
+        "", description="stdio: working directory of the server ('' = the worker's). With `sandbox`, this directory "
+        "is also shown read-only inside the sandbox.",
+    )
+    sandbox: bool = Field(
+        False, description="stdio: run the server inside bubblewrap (shared/runtime/sandbox.py): no network, its own "
+        "pid namespace (dies with the worker), uid 65534, only /usr, /lib*, /bin, the Python interpreter's prefix "
+        "and `cwd` visible (read-only), a private tmpfs work dir. No rlimits or cgroup (unlike the python tool). "
+        "Start-up fails with an error when bwrap is not installed.",
+    )
+    url: str = Field("", description="http: the server's streamable HTTP endpoint, e.g. http://127.0.0.1:8000/mcp.")
+    token_file: str = Field(
+        "", description="http: a file (mode 0600 or stricter) holding a bearer token sent as `Authorization: Bearer "
+        "<token>` ('' = none). There is no inline token field: a config never holds the secret.",
+    )
+    tool_prefix: str | None = Field(
+        None, max_length=64, pattern=r"^[A-Za-z0-9_.-]*$", description="Prefix of the server's tool names as the "
+        "model sees them (None = '<name>.'; '' = none). A clash with another tool's name is a start-up error.",
+    )
+    connect_timeout_s: float = Field(
+        20.0, gt=0, description="Start the server (or connect to it), initialize the session and list its tools "
+        "within this long, or the worker fails to start.",
+    )
+    max_tools: int = Field(
+        32, ge=1, le=1024, description="Most tools taken from the server; past it the rest are dropped (a warning "
+        "names how many), so a hostile server cannot flood the prompt.",
+    )
+    max_schema_chars: int = Field(
+        4000, ge=64, description="Longest tool accepted from the server: its name, description and JSON input schema "
+        "together, in characters; a longer tool is dropped with a warning.",
+    )
+    scope: Literal["worker"] = Field(
+        "worker", description="worker: one connection (one server process, for stdio) shared by all episodes of a "
+        "rollout worker, started with the worker and closed with it.",
+    )
+
+    @model_validator(mode="after")
+    def _transport_needs(self):
+        if self.transport == "stdio":
+            if not self.command:
+                raise ValueError(f"{self.SECTION} {self.name!r}: transport stdio needs a command")
+            if self.url or self.token_file:
+                raise ValueError(f"{self.SECTION} {self.name!r}: url and token_file are for transport http")
+        else:
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"{self.SECTION} {self.name!r}: transport http needs an http(s):// url")
+            if self.command or self.env or self.cwd or self.sandbox:
+                raise ValueError(f"{self.SECTION} {self.name!r}: command, env, cwd and sandbox are for transport stdio")
+        return self
 
 
 class ToolsConfig(Section):
@@ -35,6 +103,18 @@ class ToolsConfig(Section):
         "", description="Search tool: a directory of .txt/.md files or a .jsonl file with a 'text' field ('' = off)."
     )
     search_top_k: int = Field(3, ge=1, description="Search tool: passages returned per query.")
+    mcp: list[McpServerConfig] = Field(
+        default_factory=list, description="MCP servers whose tools are offered next to the built-in ones "
+        "(tool_agent workflow); each tool is named '<prefix><its name>'.",
+    )
+
+    @model_validator(mode="after")
+    def _mcp_names_unique(self):
+        names = [s.name for s in self.mcp]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"rollout.tools.mcp: server name(s) {', '.join(dup)} used twice")
+        return self
 
 
 class ToolAgentConfig(Section):

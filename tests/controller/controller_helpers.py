@@ -120,3 +120,17 @@ def run_config(run: str = "t1", max_staleness: int = 0, batch_size: int = 4, **e
            "rollout": {"group_size": 2, "workflow": "single_turn"}}
     cfg.update(extra)
     return cfg
+
+
+def released_ledger(tmp_path, run: str, n: int):
+    """(engine, sessionmaker) of a fresh SQLite controller database whose ledger holds `n` released groups
+    `<run>:0:p<i>` (the ledger and follower tests, no NATS)."""
+    from controller.db import Ledger, open_database
+
+    engine, session = open_database(f"sqlite:///{tmp_path / 'c.db'}")
+    rows = [dict(group_id=f"{run}:0:p{i}", run_id=run, enqueue_id=1, epoch=0, prompt_id=f"p{i}", row_index=i,
+                 seq=i + 1, state="released", released_at_version=0, released_at=0.0, updated_at=0.0)
+            for i in range(n)]
+    with session.begin() as s:
+        s.execute(Ledger.__table__.insert(), rows)
+    return engine, session

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from controller_helpers import released_ledger
 from sqlalchemy import event, func, select
 
 from controller import follower
 from controller.batch_writer import BatchWriter
-from controller.db import EventRow, Health, Ledger, Metric, open_database
+from controller.db import EventRow, Health, Ledger, Metric
 from shared.contract import subjects
 from shared.contract.messages import Event
 
@@ -51,12 +52,7 @@ async def test_a_failing_batch_is_written_one_by_one_and_a_failing_item_fails_on
 
 @pytest.fixture
 def Session(tmp_path):  # noqa: N802
-    engine, session = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    rows = [dict(group_id=f"{RUN}:0:p{i}", run_id=RUN, enqueue_id=1, epoch=0, prompt_id=f"p{i}", row_index=i,
-                 seq=i + 1, state="released", released_at_version=0, released_at=0.0, updated_at=0.0)
-            for i in range(6)]
-    with session.begin() as s:
-        s.execute(Ledger.__table__.insert(), rows)
+    engine, session = released_ledger(tmp_path, RUN, 6)
     session.commits = 0
 
     def count(_s):

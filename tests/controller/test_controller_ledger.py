@@ -4,10 +4,11 @@ final, an event and the ledger moves it causes commit together, and the admissio
 from __future__ import annotations
 
 import pytest
+from controller_helpers import released_ledger
 from sqlalchemy import event, select
 
 from controller import follower, ledger
-from controller.db import Ledger, open_database
+from controller.db import Ledger
 from shared.contract import codec, subjects
 from shared.contract.messages import DeadLetter, Event, PromptTask
 
@@ -16,12 +17,7 @@ RUN = "l1"
 
 @pytest.fixture
 def Session(tmp_path):  # noqa: N802 - a sessionmaker, named like the controller's
-    engine, session = open_database(f"sqlite:///{tmp_path / 'c.db'}")
-    rows = [dict(group_id=f"{RUN}:0:p{i}", run_id=RUN, enqueue_id=1, epoch=0, prompt_id=f"p{i}", row_index=i,
-                 seq=i + 1, state="released", released_at_version=0, released_at=0.0, updated_at=0.0)
-            for i in range(4)]
-    with session.begin() as s:
-        s.execute(Ledger.__table__.insert(), rows)
+    engine, session = released_ledger(tmp_path, RUN, 4)
     yield session
     engine.dispose()
 

@@ -11,10 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from rollout_doubles import ScriptedEngine, publish_prompts, read_groups, wait_for, worker_config
 
-from reward_service.service import RewardService
 from rollout_service.engines.base import EngineDead
 from rollout_service.pool import Broadcast, PoolCollector, WorkerPool, worker_ids
-from shared.contract import bus, subjects
+from shared.contract import subjects
 from shared.model.tinymodel import build_tokenizer
 
 RUN = "r1"
@@ -124,16 +123,6 @@ def test_the_pool_serves_every_worker_s_series_labelled_by_worker():
     assert 'jetrl_rollout_groups_published_total{worker="b"} 5.0' in text
     assert 'jetrl_rollout_weight_bytes_total{how="delta",worker="b"} 50.0' in text
     assert text.count("# TYPE jetrl_rollout_groups_published_total counter") == 1  # one family, two series
-
-
-@pytest.fixture
-async def reward_service(nats_config, js):
-    conn = await bus.connect(nats_config, name="reward-test")
-    svc = RewardService(conn, worker_config(nats_config.servers[0]), task="maxdigit")
-    await svc.start()
-    yield svc
-    await svc.stop(drain_s=1)
-    await conn.close()
 
 
 def answer_max(prompt: str, n: int) -> str:

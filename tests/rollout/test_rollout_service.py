@@ -16,7 +16,6 @@ from rollout_doubles import (
     worker_config,
 )
 
-from reward_service.service import RewardService
 from rollout_service.engines.base import EngineDead
 from rollout_service.service import RolloutWorker
 from shared.contract import bus, codec, subjects
@@ -24,17 +23,6 @@ from shared.contract.messages import Event
 from shared.model.tinymodel import build_tokenizer
 
 RUN = "r1"
-
-
-@pytest.fixture
-async def reward_service(nats_config, js):
-    """The real reward service (maxdigit scorer) answering on jetrl.reward.maxdigit."""
-    conn = await bus.connect(nats_config, name="reward-test")
-    svc = RewardService(conn, worker_config(nats_config.servers[0]), task="maxdigit")
-    await svc.start()
-    yield svc
-    await svc.stop(drain_s=1)
-    await conn.close()
 
 
 def answer_max(prompt: str, n: int) -> str:
