@@ -40,6 +40,7 @@ BUILTIN: dict[str, str] = {
     "sort": "reward_service.scorers.sortdigits:score",
     "addition": "reward_service.scorers.addition:score",
     "subtraction": "reward_service.scorers.addition:score",  # the same rule: the first integer is the answer
+    "reasoning_gym": "reward_service.scorers.reasoning_gym:score",
 }
 
 # Where each built-in runs when `reward.executor` is `auto`. Custom scorers run in threads.
@@ -53,6 +54,7 @@ MODES: dict[str, str] = {
     "regex": "process",  # a user pattern can backtrack for ever: only a process can be killed
     "math": "process",  # sympy is CPU-heavy and can hang; math-verify's own alarm works in a main thread
     "code": "thread",  # the sandbox is a subprocess with its own limits; the thread only waits on it
+    "reasoning_gym": "process",  # third-party scorers of any cost (string distances, ...): a killable process
 }
 
 
