@@ -222,10 +222,9 @@ def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[Proc
     eval_dataset = opts.eval_dataset or ecfg.dataset
     eval_every = opts.eval_every or ecfg.eval_every
     want_eval = opts.with_eval and bool(eval_dataset) and eval_every > 0
-    n_torch = -(-opts.workers // resolved.rollout.service.workers_per_process) + resolved.trainer.nproc + (1 if want_eval else 0)
-    threads = _threads_env(n_torch, resolved.launch.torch_threads)
     per = resolved.rollout.service.workers_per_process
     n_proc = -(-opts.workers // per)  # rollout processes; the last may hold fewer workers
+    threads = _threads_env(n_proc + resolved.trainer.nproc + (1 if want_eval else 0), resolved.launch.torch_threads)
     for i in range(n_proc):
         name = "rollout" if n_proc == 1 else f"rollout-{i}"
         count = min(per, opts.workers - i * per)

@@ -25,7 +25,7 @@ def rollout_cmd(
     setup_logging(cfg.telemetry, "rollout")
     try:  # fail at start-up, before connecting or loading a model, on a bad workflow or tool config
         load_workflow(cfg.rollout.workflow, cfg.rollout.workflow_args)
-        build_tools(cfg.rollout.tools)  # the worker builds its own (and starts the MCP servers) at start
+        tools = build_tools(cfg.rollout.tools)  # the worker (or pool) starts rollout.tools.mcp's servers into it
     except (WorkflowLoadError, ValueError) as exc:
         typer.secho(f"config error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -33,9 +33,9 @@ def rollout_cmd(
     if count > 1:
         from rollout_service.pool import serve_pool
 
-        run_async(serve_pool(cfg, count, instance=worker or None))
+        run_async(serve_pool(cfg, count, tools=tools, instance=worker or None))
     else:
-        run_async(serve(cfg, instance=worker or None))
+        run_async(serve(cfg, tools=tools, instance=worker or None))
 
 
 def register(app: typer.Typer) -> None:

@@ -160,14 +160,14 @@ class WorkerPool:
         from shared.model.tinymodel import load_tokenizer
 
         tokenizer = self.tokenizer or await asyncio.to_thread(load_tokenizer, cfg.model.tokenizer or cfg.model.path)
-        if self.tools is None:  # one registry for the pool: its MCP servers are started once, closed with it
+        if self.tools is None:  # one registry for the pool
             from rollout_service.tools import build_tools
 
             self.tools = build_tools(cfg.rollout.tools)
-            if cfg.rollout.tools.mcp:
-                from rollout_service.tools.mcp_tools import start_mcp_tools
+        if cfg.rollout.tools.mcp and not self.tools.mcp_started:  # started once for the pool, closed with it
+            from rollout_service.tools.mcp_tools import start_mcp_tools
 
-                self._closers.append(await start_mcp_tools(cfg.rollout.tools, self.tools))
+            self._closers.append(await start_mcp_tools(cfg.rollout.tools, self.tools))
         self.nc = await bus.connect(cfg.nats, name=f"rollout-pool-{self.ids[0]}")
         weights = None
         if cfg.rollout.service.follow_weights:

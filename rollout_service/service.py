@@ -105,12 +105,12 @@ class RolloutWorker:
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.cfg
-        if self.tools is None:  # built here, so this worker starts (and closes) the MCP servers too
+        if self.tools is None:
             self.tools = build_tools(cfg.rollout.tools)
-            if cfg.rollout.tools.mcp:
-                from rollout_service.tools.mcp_tools import start_mcp_tools
+        if cfg.rollout.tools.mcp and not self.tools.mcp_started:  # started here, so closed with this worker
+            from rollout_service.tools.mcp_tools import start_mcp_tools
 
-                self._closers.append(await start_mcp_tools(cfg.rollout.tools, self.tools))
+            self._closers.append(await start_mcp_tools(cfg.rollout.tools, self.tools))
         if self.tokenizer is None:
             from shared.model.tinymodel import load_tokenizer
 

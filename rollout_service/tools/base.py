@@ -43,6 +43,7 @@ class ToolRegistry:
     def __init__(self, tools: list[Tool] | None = None, timeout_s: float = 5.0, max_output_chars: int = 2000):
         self.tools: dict[str, Tool] = {}
         self.timeout_s, self.max_output_chars = timeout_s, max_output_chars
+        self.mcp_started = False  # set by tools/mcp_tools.py:start_mcp_tools once rollout.tools.mcp's tools are in
         for t in tools or []:
             self.add(t)
 

@@ -266,7 +266,8 @@ def _describe(exc: BaseException | None) -> str:
 
 
 async def start_mcp_tools(cfg: ToolsConfig, registry: ToolRegistry) -> Callable[[], Awaitable[None]]:
-    """Start every server of `cfg.mcp` and add its tools to `registry`; returns an async closer. On an error
+    """Start every server of `cfg.mcp` and add its tools to `registry` (marking it `mcp_started`, so a worker
+    given a registry whose servers run starts none); returns an async closer. On an error
     the servers already started are closed and the error raised (McpUnavailable, ValueError on a name clash)."""
     servers: list[McpServer] = []
 
@@ -291,6 +292,7 @@ async def start_mcp_tools(cfg: ToolsConfig, registry: ToolRegistry) -> Callable[
     except BaseException:
         await close()
         raise
+    registry.mcp_started = True
     return close
 
 

@@ -242,14 +242,17 @@ async def test_tool_agent_workflow_calls_an_mcp_tool():
     assert s.reward == 1.0 and s.metrics["tool_calls"] == 1 and s.metrics["tool_errors"] == 0
 
 
-async def test_rollout_worker_starts_and_closes_mcp_servers(nats_config):
+@pytest.mark.parametrize("given", [False, True], ids=["built-by-worker", "given-by-cli"])
+async def test_rollout_worker_starts_and_closes_mcp_servers(nats_config, given):
     from rollout_service.service import RolloutWorker
 
     tok = char_tokenizer()
     cfg = worker_config(nats_config.servers[0], "r1", workflow="tool_agent",
                         tools={"enabled": ["calculator"], "mcp": [stdio_cfg().model_dump()]})
     cfg.rollout.service.follow_weights = False
-    worker = RolloutWorker(cfg, engine=ScriptedEngine(tok, lambda p, n: "x"), tokenizer=tok, instance="w")
+    tools = build_tools(cfg.rollout.tools) if given else None  # `jetrl rollout` builds the registry first
+    worker = RolloutWorker(cfg, engine=ScriptedEngine(tok, lambda p, n: "x"), tokenizer=tok, tools=tools,
+                           instance="w")
     await worker.start()
     try:
         assert {"calculator", "ex.add"} <= set(worker.tools.tools)
