@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import nats
+from nats.js.errors import ServiceUnavailableError
 import pytest
 
 from multihost.cluster import NatsCluster
@@ -79,8 +80,15 @@ async def test_r3_streams_and_kv_survive_the_loss_of_the_stream_leaders_host(hos
         cluster.wait_ready(60, names=[leader])
         sub = await js.pull_subscribe(subject, "clu-reader", stream=subjects.PROMPTS_STREAM)
         got = []
+        deadline = asyncio.get_running_loop().time() + 60
         while len(got) < 100:
-            for m in await sub.fetch(100, timeout=10):
+            try:
+                msgs = await sub.fetch(100, timeout=10)
+            except ServiceUnavailableError:  # the new consumer's leader is still being elected (as the
+                assert asyncio.get_running_loop().time() < deadline  # services' consumer loop, wait)
+                await asyncio.sleep(0.2)
+                continue
+            for m in msgs:
                 got.append(m.data.decode())
                 await m.ack()
         assert sorted(got, key=lambda s: int(s[1:])) == [f"m{i}" for i in range(100)]
