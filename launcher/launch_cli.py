@@ -13,8 +13,10 @@ from shared.runtime.cliutil import CONFIG_OPTION, OVERRIDES_ARG, load_or_exit, r
 def up_cmd(
     config: str = CONFIG_OPTION,
     run_dir: str = typer.Option("", "--run-dir", help="Logs, resolved config and state ('' = jetrl-runs/<run>)."),
-    workers: int = typer.Option(1, "--workers", "-w", min=1, help="Rollout workers (processes of rollout.service.workers_per_process workers each)."),
+    workers: int = typer.Option(1, "--workers", "-w", min=0, help="Rollout workers (processes of rollout.service.workers_per_process workers each); 0 only with --online."),
     reward_replicas: int = typer.Option(1, "--reward-replicas", min=1, help="Reward service processes."),
+    online: bool = typer.Option(False, "--online", help="Also serve the policy to outside traffic in sessions "
+                                "rewarded later (`jetrl serve-policy`, rollout.online; docs/environments.md)."),
     dataset: str = typer.Option("", "--dataset", help="Register this JSONL/Parquet file and enqueue it "
                                 "(default: launch.dataset)."),
     epochs: int = typer.Option(None, min=1, help="Passes over --dataset (default: launch.epochs)."),
@@ -39,7 +41,14 @@ def up_cmd(
     if dataset and not Path(dataset).is_file():
         typer.secho(f"{flag} {dataset!r}: no such file", fg="red", err=True)
         raise typer.Exit(2)
-    opts = UpOptions(run_dir=Path(run_dir or f"jetrl-runs/{cfg.run}"), workers=workers,
+    if workers == 0 and not online:
+        typer.secho("--workers 0 leaves nothing to generate: give --online, or at least one worker", fg="red", err=True)
+        raise typer.Exit(2)
+    if online and not cfg.rollout.online.keys_dir:
+        typer.secho("--online needs rollout.online.keys_dir: a directory of <app>.key files (mode 0600)", fg="red",
+                    err=True)
+        raise typer.Exit(2)
+    opts = UpOptions(run_dir=Path(run_dir or f"jetrl-runs/{cfg.run}"), workers=workers, online=online,
                      reward_replicas=reward_replicas, echo_logs=not quiet)
     if dry_run:
         typer.echo(dry_run_text(cfg, opts), nl=False)

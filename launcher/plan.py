@@ -22,6 +22,7 @@ CHILD = [sys.executable, "-m", "launcher.cli"]
 class UpOptions:
     run_dir: Path
     workers: int = 1  # rollout workers
+    online: bool = False  # also `jetrl serve-policy`: the policy served to outside traffic (rollout.online)
     reward_replicas: int = 1
     with_eval: bool = True  # start the eval follower when the config asks for one
     eval_dataset: str = ""  # override eval.dataset for the follower
@@ -81,6 +82,8 @@ def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
     _inside(run_dir, t, "publish_dir", "published")
     if out.tracking.enabled:
         _inside(run_dir, out.tracking, "dir", "tracking")
+    if out.rollout.online.keys_dir:
+        out.rollout.online.keys_dir = str(Path(out.rollout.online.keys_dir).expanduser().resolve())
     ev = getattr(out, "eval", None)
     if ev is not None and ev.dataset:
         ev.dataset = str(Path(ev.dataset).resolve())
@@ -157,7 +160,7 @@ def _nats_users(n, users_dir: Path) -> None:
 
 # Which NATS role each child of the plan connects as (children not named here do not use NATS).
 NATS_ROLES = {"controller": "controller", "rollout": "rollout", "reward": "reward", "trainer": "trainer",
-              "track": "tracker", "eval": "eval"}
+              "track": "tracker", "eval": "eval", "serve-policy": "rollout"}
 
 
 def nats_identity(resolved: JetrlConfig, role: str) -> list[str]:
@@ -230,6 +233,9 @@ def plan(resolved: JetrlConfig, config_file: Path, opts: UpOptions) -> list[Proc
         count = min(per, opts.workers - i * per)
         specs.append(ProcessSpec(name, CHILD + ["rollout", "-c", f, "--worker", f"{resolved.run}-{name}",
                                                 "--workers", str(count)], env=dict(threads)))
+    if opts.online:
+        specs.append(ProcessSpec("serve-policy", CHILD + ["serve-policy", "-c", f, "--worker", f"{resolved.run}-online"],
+                                 env=dict(threads), ready_line="online endpoint on "))
     specs.append(ProcessSpec("trainer", CHILD + ["trainer", "-c", f, "--resume"], env=dict(threads)))
     if resolved.tracking.enabled:  # one more bus subscriber; the trainer and workers know nothing of it
         specs.append(ProcessSpec("track", CHILD + ["track", "-c", f]))

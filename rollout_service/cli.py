@@ -38,5 +38,29 @@ def rollout_cmd(
         run_async(serve(cfg, tools=tools, instance=worker or None))
 
 
+def serve_policy_cmd(
+    config: str = CONFIG_OPTION,
+    overrides: list[str] = OVERRIDES_ARG,
+    worker: str = typer.Option("", "--worker", help="Worker id in events and groups ('' = host-pid-random)."),
+) -> None:
+    """Serve the current policy to outside traffic in sessions rewarded later (online training,
+    docs/environments.md): rollout.online.* and the rollout.agent endpoint's host, port and bounds."""
+    cfg = load_or_exit(config, overrides)
+    from rollout_service.online.keys import ClientKeys
+    from rollout_service.service import serve
+    from shared.runtime.telemetry import setup_logging
+
+    setup_logging(cfg.telemetry, "rollout")
+    try:
+        if not cfg.rollout.online.keys_dir:
+            raise ValueError("rollout.online.keys_dir is not set: a directory of <app>.key files (mode 0600)")
+        ClientKeys(cfg.rollout.online.keys_dir)
+    except ValueError as exc:
+        typer.secho(f"config error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    run_async(serve(cfg, instance=worker or None, online=True))
+
+
 def register(app: typer.Typer) -> None:
     app.command("rollout")(rollout_cmd)
+    app.command("serve-policy")(serve_policy_cmd)

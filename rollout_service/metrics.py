@@ -31,6 +31,9 @@ class RolloutMetrics:
         self.weight_bytes = Counter("jetrl_rollout_weight_bytes",
                                     "Bytes of weight versions downloaded over HTTP, by how: delta or full "
                                     "(weights.delta).", ["how"], registry=r)
+        self.online_sessions = Counter("jetrl_online_sessions", "Online sessions (serve-policy) by outcome: opened, "
+                                       "rewarded, published, expired, empty, duplicate_reward, unknown_session, "
+                                       "refused_limit, refused_size.", ["outcome"], registry=r)
         self.task_seconds = Histogram("jetrl_rollout_task_seconds", "Time from prompt received to group published.",
                                       registry=r, buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
         self.stage_seconds = Histogram(

@@ -78,8 +78,10 @@ class RolloutWorker:
 
     def __init__(self, cfg: JetrlConfig, *, engine=None, tokenizer=None, reward=None,
                  workflow: Workflow | None = None, tools: ToolRegistry | None = None,
-                 weights: tuple | None = None, instance: str | None = None, nc=None):
+                 weights: tuple | None = None, instance: str | None = None, nc=None, online: bool = False):
         self.cfg = cfg
+        self.online_mode = online  # `jetrl serve-policy`: sessions from outside traffic, no prompts (online/)
+        self.online = None
         self.instance = instance or worker_id()
         self.engine, self.tokenizer, self.reward, self.tools = engine, tokenizer, reward, tools
         self.workflow = workflow if workflow is not None else load_workflow(cfg.rollout.workflow,
@@ -144,6 +146,9 @@ class RolloutWorker:
             await self.follower.prime()
         self.ctx = WorkflowContext(engine=self.engine, tokenizer=self.tokenizer, reward=self.reward,
                                    tools=self.tools, cfg=cfg)
+        if self.online_mode:
+            await self._start_online()
+            return
         if getattr(self.workflow, "name", "") == "agent":
             from rollout_service.agents.server import AgentServer
 
@@ -163,16 +168,29 @@ class RolloutWorker:
                  cfg.run, self.workflow_name, getattr(self.engine, "name", "?"), self.engine.version,
                  cfg.rollout.max_in_flight)
 
+    async def _start_online(self) -> None:
+        from rollout_service.online.server import OnlineServer, publish_group
+
+        cfg = self.cfg
+        publish = publish_group(self.js, self.nc, cfg.run, cfg.rollout.service.publish_timeout_s)
+        self.online = OnlineServer(self.ctx, self.js, cfg.run, self.instance, publish, self.events.emit)
+        self.online.on_count = lambda outcome, n: self.metrics.online_sessions.labels(outcome).inc(n)
+        await self.online.start()
+        if cfg.telemetry.metrics_port >= 0:
+            start_metrics(cfg.telemetry, self.metrics.registry)
+        log.info("serve-policy %s: run %s, engine %s (version %d), endpoint %s", self.instance, cfg.run,
+                 getattr(self.engine, "name", "?"), self.engine.version, self.online.base_url)
+
     async def run(self) -> None:
         """Start (if needed) and serve until `stop()`; in-flight tasks finish before it returns."""
-        if self.loop is None:
+        if self.loop is None and self.online is None:
             await self.start()
         if self.follower is not None:
             self._tasks.append(asyncio.create_task(self.follower.run()))
         self._tasks.append(asyncio.create_task(self._telemetry()))
         self._tasks.append(asyncio.create_task(self._flush_published_loop()))
         await self.events.emit("health", self._health())
-        consume = asyncio.ensure_future(self.loop.run())
+        consume = asyncio.ensure_future(self.online.serve(self._stopped) if self.online else self.loop.run())
         deadline = asyncio.create_task(self._stop_deadline(consume))
         try:
             try:
@@ -221,6 +239,8 @@ class RolloutWorker:
                 await close()
         if self.agents is not None:
             await self.agents.close()
+        if self.online is not None:
+            await self.online.close()
         if hasattr(self.workflow, "close"):
             with contextlib.suppress(Exception):
                 await self.workflow.close()
@@ -387,6 +407,8 @@ class RolloutWorker:
             "samples_drawn": self.samples_drawn,
             "generated_tokens": s.generated_tokens if s else 0,
             "weight_swaps": self.follower.swaps if self.follower else 0,
+            **({"online": dict(self.online.counts), "online_open": len(self.online.store.sessions)}
+               if self.online is not None else {}),
         }
 
     def _health(self) -> dict[str, Any]:

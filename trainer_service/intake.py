@@ -53,7 +53,10 @@ def filter_reason(group: TrajectoryGroup, cfg: JetrlConfig) -> str | None:
     if group.adaptive and not group.adaptive.get("signal", True):
         return f"no signal after {group.adaptive['drawn']} samples"
     a = cfg.trainer.algorithm
-    if a.dynamic_filter and rewards_all_equal([s.reward for s in group.samples], a.dynamic_filter_eps):
+    # a group with draw statistics (adaptive sampling, an online session's moving baseline) has its spread
+    # judged on them above, not on its own samples (one online session is a group of one)
+    if a.dynamic_filter and not group.adaptive and rewards_all_equal([s.reward for s in group.samples],
+                                                                      a.dynamic_filter_eps):
         return "no reward spread (trainer.algorithm.dynamic_filter)"
     return None
 

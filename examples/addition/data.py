@@ -16,7 +16,7 @@ import argparse
 import random
 from pathlib import Path
 
-from launcher.demo.task import write_split
+from shared.io.jsonl import write_split
 
 LIMIT = 50  # A and B in 0..LIMIT-1
 HELDOUT = 200

@@ -26,8 +26,8 @@ import json
 import random
 from pathlib import Path
 
-from launcher.demo.task import write_split
 from reward_service.scorers.reasoning_gym import INSTRUCTION, task_names, unsafe_reason
+from shared.io.jsonl import write_split
 
 HELDOUT_SEED_OFFSET = 1_000_003
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from launcher.demo.task import write_split
+from shared.io.jsonl import write_split
 
 LIMIT = 100  # 0 <= B <= A <= LIMIT-1
 HELDOUT = 200

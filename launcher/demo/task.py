@@ -25,10 +25,11 @@ maxdigit ends the same whatever the off-policy correction does. Same hash split 
 
 from __future__ import annotations
 
-import json
 import random
 import zlib
 from pathlib import Path
+
+from shared.io.jsonl import write_jsonl, write_split  # noqa: F401  (write_split: the task writers' import)
 
 DIGITS = 5
 TASKS = ("maxdigit", "sort")
@@ -94,21 +95,6 @@ def _all_prompts(digits: int, task: str = "maxdigit"):
     word = "sort" if task == "sort" else "max"
     for i in range(10**digits):
         yield f"{word} " + " ".join(str(i).zfill(digits)) + " ="
-
-
-def write_jsonl(rows: list[dict], path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    return p
-
-
-def write_split(out: str | Path, train: list[dict], heldout: list[dict]) -> dict[str, Path]:
-    """`out`/train.jsonl and `out`/heldout.jsonl; returns {"train": path, "heldout": path}."""
-    d = Path(out)
-    return {"train": write_jsonl(train, d / "train.jsonl"), "heldout": write_jsonl(heldout, d / "heldout.jsonl")}
 
 
 def write_dataset(out_dir: str | Path, train: int = 4000, heldout: int = 200, seed: int = 0,

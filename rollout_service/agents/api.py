@@ -53,10 +53,10 @@ class SessionAuth(BearerAuth):
     is refused with 413: by its Content-Length before it is read, and, for a chunked body (no length),
     counted while it is read, so no more than `max_bytes` of it is ever held or parsed."""
 
-    def __init__(self, app, store: SessionStore, max_bytes: int, refusals: dict | None = None):
+    def __init__(self, app, store: SessionStore, max_bytes: int, refusals: dict | None = None, check_keys: bool = True):
         super().__init__(app, tokens=lambda kind: [], open_paths=("/health",), refusal=_refusal,
                          realm="jetrl-agent", wrong_status=401)
-        self.store, self.max_bytes = store, max_bytes
+        self.store, self.max_bytes, self.check_keys = store, max_bytes, check_keys
         self.refusals = refusals or {}  # path suffix -> the refusal in that route's API's error shape
 
     def refusal_for(self, scope):
@@ -64,6 +64,8 @@ class SessionAuth(BearerAuth):
         return next((r for suffix, r in self.refusals.items() if path.endswith(suffix)), self.refusal)
 
     def wanted(self, scope, kind: str) -> list[str]:
+        if not self.check_keys:  # checked before this (the online endpoint's application keys)
+            return []
         parts = scope.get("path", "").split("/")
         if len(parts) > 2 and parts[1] == "sessions":
             s = self.store.get(parts[2])
@@ -310,6 +312,7 @@ class AgentAPI:
             session.record(Call(prompt_ids=list(prompt_ids), result=res, text=text, messages=messages, reply=msg,
                                 tools=offered, raw=self.ctx.decode(res.output_ids, False), index=i))
             out.choices.append(ChatChoice(index=i, message=msg, finish_reason=_finish(finish), result=res))
+        await self.store.recorded(session, len(results))
         return out
 
     async def chat(self, sid: str, req: ChatRequest) -> dict:
@@ -354,6 +357,7 @@ class AgentAPI:
                 c["logprobs"] = {"tokens": [self.ctx.decode([t], False) for t in res.output_ids],
                                  "token_logprobs": [float(x) for x in res.logprobs]}
             choices.append(c)
+        await self.store.recorded(session, len(results))
         return {"id": f"cmpl-{sid[:8]}{len(session.calls)}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "usage": self.usage(prompt_ids, results)}
 

@@ -41,6 +41,22 @@ from rollout_service.workflows.base import WorkflowContext
 
 def build_app(ctx: WorkflowContext, store: SessionStore, max_request_bytes: int | None = None):
     """The ASGI app (FastAPI behind SessionAuth)."""
+    app, _ = build_routes(ctx, store)
+    return wrap(app, ctx, store, max_request_bytes)
+
+
+def wrap(app, ctx: WorkflowContext, store: SessionStore, max_request_bytes: int | None = None, check_keys: bool = True,
+         gate=None):
+    """The routes behind the body bound and (with `check_keys`) the session key check, and the refusal
+    recorder outermost: every error answer to a session's request (the key check's too) is remembered in the
+    session. `gate(inner)` wraps the inner app in one more check (the online endpoint's keys and limits)."""
+    max_bytes = max_request_bytes or ctx.cfg.rollout.agent.max_request_bytes
+    inner = SessionAuth(app, store, max_bytes, {messages.PATH_SUFFIX: messages.auth_refusal}, check_keys=check_keys)
+    return RefusalRecorder(gate(inner) if gate is not None else inner, store)
+
+
+def build_routes(ctx: WorkflowContext, store: SessionStore, reward_route: bool = True) -> tuple[FastAPI, AgentAPI]:
+    """The FastAPI app of the routes above (the reward route only with `reward_route`) and its AgentAPI."""
     api = AgentAPI(ctx, store)
     responses_api = ResponsesAPI(api, ChatRequest)  # responses.py: a translation of complete_chat
     # No /openapi.json nor docs: the API is OpenAI's (docs/agents.md), and nothing is served without a key
@@ -108,10 +124,9 @@ def build_app(ctx: WorkflowContext, store: SessionStore, max_request_bytes: int 
     async def anthropic_messages(sid: str, request: Request) -> Any:
         return await messages.create_message(api, sid, request)
 
-    @app.post("/sessions/{sid}/reward")
-    async def reward(sid: str, body: RewardBody) -> dict:
-        return api.reward(sid, body)
+    if reward_route:
+        @app.post("/sessions/{sid}/reward")
+        async def reward(sid: str, body: RewardBody) -> dict:
+            return api.reward(sid, body)
 
-    max_bytes = max_request_bytes or ctx.cfg.rollout.agent.max_request_bytes
-    # outermost: every error answer to a session's request (the key check's too) is remembered in the session
-    return RefusalRecorder(SessionAuth(app, store, max_bytes, {messages.PATH_SUFFIX: messages.auth_refusal}), store)
+    return app, api

@@ -1,7 +1,8 @@
 """Where an agent runs for one episode.
 
-EntryRunner    `async def run(client: openai.AsyncOpenAI, task: dict) -> float | None`, imported from
-               'package.module:function' (or 'path/to/file.py:function'), called in the worker; its
+EntryRunner    `async def run(client: openai.AsyncOpenAI, task: dict, **args) -> float | None`, imported from
+               'package.module:function' (or 'path/to/file.py:function'), called in the worker with
+               workflow_args.args as keyword arguments (an adapter's settings); its
                client calls the endpoint's app in-process (rollout.agent.entry_transport) or over HTTP.
 CommandRunner  an external command, any language: started per episode with OPENAI_BASE_URL,
                OPENAI_API_KEY (the session's key), ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY (the same
@@ -62,9 +63,15 @@ def _reward(value: Any, who: str) -> float | None:
 
 
 class EntryRunner:
-    def __init__(self, spec: str):
+    def __init__(self, spec: str, args: dict | None = None):
         self.spec = spec
         self.fn = load_entry(spec)
+        self.args = dict(args or {})
+        if self.args:
+            try:
+                inspect.signature(self.fn).bind(None, None, **self.args)
+            except TypeError as exc:
+                raise WorkflowLoadError(f"rollout.workflow_args.args do not fit {spec}: {exc}") from None
         try:
             import openai  # at start-up: a first import inside an episode would eat its time limit
         except ImportError:
@@ -100,7 +107,7 @@ class EntryRunner:
         if self._platform is not None and getattr(client, "_platform", 0) is None:
             client._platform = self._platform  # see __init__
         try:
-            value = await self.fn(client, task_json(session.task))
+            value = await self.fn(client, task_json(session.task), **self.args)
         except EpisodeError:
             raise
         except asyncio.CancelledError:

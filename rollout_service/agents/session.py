@@ -131,6 +131,10 @@ class SessionStore:
     def get(self, sid: str) -> Session | None:
         return self.sessions.get(sid)
 
+    async def recorded(self, session: Session, n: int) -> None:
+        """Called after a request recorded its `n` calls, before its answer is sent: a store that keeps
+        sessions elsewhere writes them here (the online endpoint's, rollout_service/online/server.py)."""
+
     def url(self, session: Session) -> str:
         """The OpenAI base URL of a session (what an agent passes as base_url)."""
         return f"{self.base_url}/sessions/{session.id}/v1"

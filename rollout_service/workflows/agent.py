@@ -1,7 +1,7 @@
 """agent: any agent that talks to the worker's OpenAI-compatible endpoint (docs/agents.md).
 
 `rollout.workflow: agent` with `workflow_args` `entry: "pkg.mod:run"` (an `async def run(client, task)`
-in the worker), `command: "node agent.mjs"` (an external command per episode) or `service: NAME` (a
+in the worker; `args: {...}` are passed to it as keyword arguments: an adapter's settings), `command: "node agent.mjs"` (an external command per episode) or `service: NAME` (a
 long-running agent service taking episodes on `jetrl.<run>.agents.NAME`). Each of a group's
 `group_size` episodes gets a session; its recorded calls become samples (agents/trajectory.py) with the
 episode's reward: the one the agent returned or POSTed to `.../sessions/<id>/reward`, else the reward
@@ -31,14 +31,17 @@ class AgentFailed(Exception):
 class AgentWorkflow(Workflow):
     name = "agent"
 
-    def __init__(self, entry: str = "", command: str | list[str] = "", service: str = ""):
+    def __init__(self, entry: str = "", command: str | list[str] = "", service: str = "", args: dict | None = None):
         if sum(map(bool, (entry, command, service))) != 1:
             raise WorkflowLoadError("the agent workflow needs exactly one of workflow_args.entry "
                                     "('package.module:run'), workflow_args.command (a command line) and "
                                     "workflow_args.service (the name of an agent service on NATS)")
+        if args and not entry:
+            raise WorkflowLoadError("rollout.workflow_args.args are keyword arguments of an entry agent "
+                                    "(workflow_args.entry); a command or service agent takes none")
         self.service = service
         if entry:
-            self.runner, self.what = EntryRunner(entry), f"entry {entry}"
+            self.runner, self.what = EntryRunner(entry, args), f"entry {entry}"
         elif command:
             self.runner, self.what = CommandRunner(command), f"command {command!r}"
         else:

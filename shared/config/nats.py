@@ -97,3 +97,7 @@ class StreamsConfig(Section):
         7 * 24 * 3600.0, gt=0, description="Trajectory groups older than this are discarded (trainer is down too long)."
     )
     dlq_max_age_s: float = Field(30 * 24 * 3600.0, gt=0, description="Dead letters are kept this long.")
+    sessions_max_age_s: float = Field(
+        30 * 24 * 3600.0, gt=0, description="Online session records (KV bucket jetrl_sessions) are kept at most "
+        "this long, whatever rollout.online.session_ttl_s says (a bound for records no serve-policy sweeps).",
+    )

@@ -8,7 +8,14 @@ from pydantic import Field, model_validator
 
 from shared.config.base import Section
 from shared.config.engines import LocalEngineConfig, SglangEngineConfig, SimEngineConfig, VllmEngineConfig
-from shared.config.workflows import AgentConfig, MultiTurnConfig, ServiceConfig, ToolAgentConfig, ToolsConfig
+from shared.config.workflows import (
+    AgentConfig,
+    MultiTurnConfig,
+    OnlineConfig,
+    ServiceConfig,
+    ToolAgentConfig,
+    ToolsConfig,
+)
 
 
 class SamplingConfig(Section):
@@ -70,6 +77,8 @@ class RolloutConfig(Section):
     tool_agent: ToolAgentConfig = Field(default_factory=ToolAgentConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig, description="The OpenAI-compatible endpoint and agents.")
+    online: OnlineConfig = Field(default_factory=OnlineConfig, description="`jetrl serve-policy`: sessions from "
+                                 "outside traffic, rewarded later.")
     service: ServiceConfig = Field(default_factory=ServiceConfig)
     local: LocalEngineConfig = Field(default_factory=LocalEngineConfig, description="engine=local options.")
     vllm: VllmEngineConfig = Field(default_factory=VllmEngineConfig, description="engine=vllm options.")

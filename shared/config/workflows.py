@@ -211,3 +211,42 @@ class AgentConfig(Section):
         8, ge=1, description="Most sequences one session (episode) has in the engine at once, over all its "
         "requests; the rest wait their turn, so one agent cannot take the whole batch.",
     )
+
+
+class OnlineConfig(Section):
+    """Online training (`jetrl serve-policy`, rollout_service/online/): outside traffic calls the policy
+    through sessions whose rewards arrive later (docs/environments.md, "Online training"). The endpoint is
+    rollout.agent's (host, port, public_url and its request bounds)."""
+
+    keys_dir: str = Field(
+        "", description="Directory of client application keys: `<app>.key` files (mode 0600, refused otherwise), "
+        "one key per line (two lines while rotating); re-read when they change, so a key is added, rotated or "
+        "revoked without a restart. Required by `jetrl serve-policy`.",
+    )
+    session_ttl_s: float = Field(
+        24 * 3600.0, gt=0, description="A session with no call and no reward for this long is dropped and counted "
+        "(`expired`); its record is deleted.",
+    )
+    sweep_interval_s: float = Field(10.0, gt=0, description="How often expired sessions are looked for.")
+    group_size: int = Field(
+        4, ge=2, description="Sessions created with the same `group` key (per application) form one trajectory "
+        "group; it is published when this many of them are rewarded (GRPO over the group).",
+    )
+    baseline_window: int = Field(
+        64, ge=2, description="A session without a group key is trained alone against the rewards of the last "
+        "this-many rewarded ungrouped sessions (its own included): the trainer's estimator with that window's "
+        "mean and std as the group statistics (a moving baseline).",
+    )
+    max_open_sessions: int = Field(
+        1000, ge=1, description="Open (unrewarded, unexpired) sessions one application may hold; past it "
+        "creating one is refused (HTTP 429).",
+    )
+    requests_per_min: int = Field(600, ge=1, description="Requests one application may send per minute (HTTP 429 past it).")
+    tokens_per_min: int = Field(
+        200_000, ge=1, description="Prompt + generated tokens one application may use per minute; a request "
+        "while its budget is spent is refused (HTTP 429).",
+    )
+    max_record_bytes: int = Field(
+        4 * 1024 * 1024, ge=4096, description="Largest session record (its calls, msgpack); a call that would "
+        "grow it past this is refused (HTTP 400) and the session can only be rewarded.",
+    )

@@ -167,13 +167,14 @@ async def ensure_streams(js: JetStreamContext, cfg: StreamsConfig) -> dict[str, 
         else:
             result[want.name] = "unchanged"
     await ensure_weights_kv(js, cfg)
+    await ensure_sessions_kv(js, cfg)
     return result
 
 
 async def wait_for_streams(js: JetStreamContext, poll_s: float = 0.5, warn_every_s: float = 10.0) -> dict[str, str]:
     """Wait until the four streams and the weights KV bucket exist (STREAM.INFO only: the least a service's
     NATS user is allowed); log which are missing every `warn_every_s`."""
-    names = [*subjects.ALL_STREAMS, f"KV_{subjects.WEIGHTS_KV_BUCKET}"]
+    names = [*subjects.ALL_STREAMS, f"KV_{subjects.WEIGHTS_KV_BUCKET}", f"KV_{subjects.SESSIONS_KV_BUCKET}"]
     loop = asyncio.get_running_loop()
     start = last_warn = loop.time()
     missing = list(names)
@@ -203,6 +204,19 @@ async def ensure_weights_kv(js: JetStreamContext, cfg: StreamsConfig):
             api.KeyValueConfig(bucket=subjects.WEIGHTS_KV_BUCKET, history=16, storage=storage,
                                replicas=cfg.replicas)
         )
+
+
+async def ensure_sessions_kv(js: JetStreamContext, cfg: StreamsConfig):
+    """The online sessions' bucket (rollout_service/online/records.py): one value per key, kept at most
+    streams.sessions_max_age_s (serve-policy deletes them sooner: online.session_ttl_s)."""
+    storage = api.StorageType.FILE if cfg.storage == "file" else api.StorageType.MEMORY
+    try:
+        return await js.key_value(subjects.SESSIONS_KV_BUCKET)
+    except (NotFoundError, nats.js.errors.BucketNotFoundError):
+        return await js.create_key_value(
+            api.KeyValueConfig(bucket=subjects.SESSIONS_KV_BUCKET, history=1, storage=storage, replicas=cfg.replicas,
+                               ttl=cfg.sessions_max_age_s, max_value_size=cfg.max_msg_size,
+                               direct=True))  # gets by subject: permissions scope them to a run's keys
 
 
 # --- publish --------------------------------------------------------------------------------------

@@ -18,6 +18,10 @@ ALL_STREAMS = (PROMPTS_STREAM, TRAJECTORIES_STREAM, EVENTS_STREAM, DLQ_STREAM)
 # Latest committed weight version per run: key = run id, value = WeightVersion (msgpack).
 WEIGHTS_KV_BUCKET = "jetrl_weights"
 
+# Online sessions (`jetrl serve-policy`, rollout_service/online/): key = `<run>.<session id>`, value = the
+# session's record (msgpack: its recorded calls, group key, reward), deleted once published or expired.
+SESSIONS_KV_BUCKET = "jetrl_sessions"
+
 # Header carrying the idempotency key of a JetStream publish.
 MSG_ID_HEADER = "Nats-Msg-Id"
 
@@ -113,3 +117,8 @@ def controller_dlq_consumer(run: str) -> str:
 def group_id(run: str, epoch: int, prompt_id: str) -> str:
     """Idempotency key of a prompt task and of its trajectory group: `<run>:<epoch>:<prompt_id>`."""
     return f"{run}:{epoch}:{prompt_id}"
+
+
+def session_key(run: str, session_id: str) -> str:
+    """The key of an online session's record in SESSIONS_KV_BUCKET."""
+    return f"{check_run_id(run)}.{check_token(session_id, 'session id')}"

@@ -121,3 +121,19 @@ def row_metadata(row: dict, columns: Iterable[str]) -> dict:
         else:
             meta[c] = row[c]
     return {**nested, **meta}
+
+
+def write_jsonl(rows: list[dict], path: str | Path) -> Path:
+    """`rows` as JSON lines at `path` (its directory made); returns the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return p
+
+
+def write_split(out: str | Path, train: list[dict], heldout: list[dict]) -> dict[str, Path]:
+    """`out`/train.jsonl and `out`/heldout.jsonl; returns {"train": path, "heldout": path}."""
+    d = Path(out)
+    return {"train": write_jsonl(train, d / "train.jsonl"), "heldout": write_jsonl(heldout, d / "heldout.jsonl")}

@@ -29,6 +29,7 @@ USER_PREFIX = "jetrl-"
 
 _S = subjects
 KV_STREAM = f"KV_{_S.WEIGHTS_KV_BUCKET}"  # the stream behind the weights KV bucket
+SESSIONS_STREAM = f"KV_{_S.SESSIONS_KV_BUCKET}"  # the stream behind the online sessions' bucket
 _API = "$JS.API"
 
 
@@ -51,7 +52,7 @@ def _run(run: str) -> str:
 def _bind_streams() -> list[str]:
     """Look up the streams and the KV bucket (what `ensure_streams` with streams.manage false and
     nats-py's `js.key_value()` do)."""
-    return [f"{_API}.STREAM.INFO.{s}" for s in (*_S.ALL_STREAMS, KV_STREAM)]
+    return [f"{_API}.STREAM.INFO.{s}" for s in (*_S.ALL_STREAMS, KV_STREAM, SESSIONS_STREAM)]
 
 
 def _durable(stream: str, consumer: str) -> list[str]:
@@ -74,6 +75,14 @@ def _kv_read(run: str) -> list[str]:
             f"{_API}.STREAM.MSG.GET.{KV_STREAM}"]
 
 
+def _sessions(run: str) -> list[str]:
+    """Write, delete, read and list the online session records of `run` (rollout_service/online/records.py).
+    Writes and gets are scoped to the run's keys; listing is an ordered consumer on the bucket's stream, as
+    the weights bucket's watch is (docs/environments.md says what that means for runs sharing an account)."""
+    bucket = _S.SESSIONS_KV_BUCKET
+    return [f"$KV.{bucket}.{run}.*", *_ordered(SESSIONS_STREAM), f"{_API}.DIRECT.GET.{SESSIONS_STREAM}.$KV.{bucket}.{run}.*"]
+
+
 def _consumer(name: str, run: str) -> str:
     """A durable's name token: `rollout-<run>`, or `*` for every run (a wildcard is a whole token)."""
     return "*" if run == "*" else f"{name}-{run}"
@@ -92,8 +101,8 @@ def permissions(role: str, run: str = "*") -> dict:
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
     if role == "controller":
         # Serves every run it is asked to create: not scoped to one run.
-        streams = [f"{_API}.STREAM.{op}.{s}" for op in ("CREATE", "UPDATE", "INFO") for s in (*_S.ALL_STREAMS,
-                                                                                           KV_STREAM)]
+        streams = [f"{_API}.STREAM.{op}.{s}" for op in ("CREATE", "UPDATE", "INFO")
+                   for s in (*_S.ALL_STREAMS, KV_STREAM, SESSIONS_STREAM)]
         pub = [*streams, "jetrl.*.prompts", "jetrl.*.events.controller", "jetrl.*.dlq.>",
                *_durable(_S.EVENTS_STREAM, "*"), *_durable(_S.DLQ_STREAM, "*"),
                f"{_API}.CONSUMER.INFO.{_S.PROMPTS_STREAM}.*", f"{_API}.CONSUMER.INFO.{_S.TRAJECTORIES_STREAM}.*",
@@ -103,7 +112,7 @@ def permissions(role: str, run: str = "*") -> dict:
     if role == "rollout":
         pub = [*_bind_streams(), f"jetrl.{r}.trajectories", _events(r, "rollout"), f"jetrl.{r}.dlq.>",
                *_durable(_S.PROMPTS_STREAM, _consumer("rollout", r)), f"jetrl.{r}.agents.*", "jetrl.reward.*",
-               *_kv_read(r)]
+               *_kv_read(r), *_sessions(r)]
         return {"publish": {"allow": pub}, "subscribe": {"allow": inbox}}
     if role == "trainer":
         pub = [*_bind_streams(), _events(r, "trainer"), f"jetrl.{r}.dlq.>",

@@ -12,8 +12,8 @@ from pathlib import Path
 import yaml
 
 from examples.subtraction.data import split
-from launcher.demo.task import write_split
 from reward_service.scorers import MODES, load_scorer
+from shared.io.jsonl import write_split
 
 ROOT = Path(__file__).resolve().parents[2]
 

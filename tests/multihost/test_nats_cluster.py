@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import nats
-from nats.js.errors import ServiceUnavailableError
 import pytest
+from nats.js.errors import ServiceUnavailableError
 
 from multihost.cluster import NatsCluster
 from shared.config import StreamsConfig

@@ -29,3 +29,10 @@ async def by_prompt(client, task):
     if kind == "crash":
         raise RuntimeError("the agent fell over")
     return 0.25  # kind "self": the agent scores itself
+
+
+async def configured(client, task, reward: float, max_tokens: int = 4):
+    """Takes its settings from workflow_args.args: answers once and returns the configured reward."""
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["prompt"]}],
+                                         max_tokens=max_tokens)
+    return reward

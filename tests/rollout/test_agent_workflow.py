@@ -70,6 +70,25 @@ def test_agent_workflow_args_are_checked_at_start():
     with pytest.raises(WorkflowLoadError, match="no attribute 'nope'"):
         load_workflow("agent", {"entry": f"{HERE / 'agent_examples.py'}:nope"})
     assert isinstance(load_workflow("agent", {"command": "node agent.mjs"}), AgentWorkflow)
+    entry = f"{HERE / 'agent_examples.py'}:configured"
+    with pytest.raises(WorkflowLoadError, match="do not fit .*configured"):
+        load_workflow("agent", {"entry": entry, "args": {"rewrd": 1.0}})
+    with pytest.raises(WorkflowLoadError, match="a command or service agent takes none"):
+        load_workflow("agent", {"command": "node agent.mjs", "args": {"reward": 1.0}})
+
+
+async def test_an_entry_agent_gets_workflow_args_args_as_keyword_arguments(nats_config, nc, js):
+    wf = load_workflow("agent", {"entry": f"{HERE / 'agent_examples.py'}:configured",
+                                 "args": {"reward": 0.75, "max_tokens": 2}})
+    worker = make_worker(nats_config, wf)
+    task = asyncio.create_task(worker.run())
+    try:
+        await publish(js, nc, ["cfg-0"])
+        (g,) = await groups_for(js, 1)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+    assert [s.reward for s in g.samples] == [0.75, 0.75] and all(s.num_generated <= 2 for s in g.samples)
 
 
 @pytest.mark.parametrize("transport", ["in_process", "http"])

@@ -244,7 +244,8 @@ async def test_non_admin_cannot_create_streams_and_waits_for_them(server):
 def test_permissions_are_scoped_to_the_run():
     pub = permissions("rollout", RUN)["publish"]["allow"]
     assert subjects.trajectories(RUN) in pub and not any(OTHER in s or s == ">" for s in pub)
-    assert not any("DELETE" in s or s.startswith("$KV.") or ".prompts" in s for s in pub)
+    assert not any("DELETE" in s or s.startswith(f"$KV.{subjects.WEIGHTS_KV_BUCKET}") or ".prompts" in s for s in pub)
+    assert [s for s in pub if s.startswith("$KV.")] == [f"$KV.{subjects.SESSIONS_KV_BUCKET}.{RUN}.*"]
     assert f"$KV.{subjects.WEIGHTS_KV_BUCKET}.{RUN}" in permissions("trainer", RUN)["publish"]["allow"]
     with pytest.raises(ValueError, match="run id"):
         permissions("rollout", "bad.run")
@@ -277,3 +278,27 @@ def test_generated_passwords_parse_as_nats_conf_variables(tmp_path):
     r = valid(tokens)
     assert r.returncode == 0, r.stdout + r.stderr
     assert valid(["-" + tokens[0]]).returncode != 0 and valid(["1-2" + tokens[0]]).returncode != 0
+
+
+async def test_rollout_credential_keeps_its_runs_online_session_records_only(server):
+    """`jetrl serve-policy` (a rollout user) writes, reads, lists and deletes its own run's session records
+    (rollout_service/online/records.py), and cannot write or get another run's; the trainer cannot write them."""
+    from rollout_service.online.records import OnlineSession, SessionRecords
+
+    await setup_streams(server)
+    async with as_role(server, "rollout") as w:
+        records = SessionRecords(w.js, RUN, max_bytes=1 << 20)
+        await records.open()
+        s = OnlineSession(id="a" * 32, key="", task=None, index=0, max_calls=4, app="appa")
+        await records.save(s)
+        assert (await records.load(s.id, 4, 1)).app == "appa"
+        assert [x.id for x in await records.load_all(4, 1)] == [s.id]
+        await records.delete(s.id)
+        assert await records.load(s.id, 4, 1) is None
+        other = SessionRecords(w.js, OTHER, max_bytes=1 << 20)
+        await other.open()
+        assert await denied(w, other.save(s))
+        assert await denied(w, other.kv.get(subjects.session_key(OTHER, s.id)))
+    async with as_role(server, "trainer") as t:
+        kv = await t.js.key_value(subjects.SESSIONS_KV_BUCKET)
+        assert await denied(t, kv.put(subjects.session_key(RUN, s.id), b"forged"))

@@ -12,7 +12,7 @@ import argparse
 import random
 from pathlib import Path
 
-from launcher.demo.task import write_split
+from shared.io.jsonl import write_split
 
 HELDOUT, TRAIN, SEED = 200, 2000, 0
 

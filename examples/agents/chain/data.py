@@ -13,7 +13,7 @@ import argparse
 import random
 from pathlib import Path
 
-from launcher.demo.task import write_split
+from shared.io.jsonl import write_split
 
 HELDOUT, TRAIN, SEED = 100, 2000, 0
 
