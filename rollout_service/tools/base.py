@@ -9,7 +9,9 @@ model (a tool_response), plus a flag saying whether it was an error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,6 +46,9 @@ class ToolRegistry:
         self.tools: dict[str, Tool] = {}
         self.timeout_s, self.max_output_chars = timeout_s, max_output_chars
         self.mcp_started = False  # set by tools/mcp_tools.py:start_mcp_tools once rollout.tools.mcp's tools are in
+        # tools started afresh for each episode (MCP servers of scope "episode"): each starter returns the
+        # episode's tools and their async closer
+        self.episode_starters: list[Callable[[], Awaitable[tuple[list[Tool], Callable[[], Awaitable[None]]]]]] = []
         for t in tools or []:
             self.add(t)
 
@@ -54,6 +59,28 @@ class ToolRegistry:
 
     def __len__(self) -> int:
         return len(self.tools)
+
+    @contextlib.asynccontextmanager
+    async def episode(self):
+        """The registry one episode uses: this one, or, with episode-scoped tools, a copy holding tools
+        started for this episode alone (closed when it ends)."""
+        if not self.episode_starters:
+            yield self
+            return
+        own = ToolRegistry(list(self.tools.values()), self.timeout_s, self.max_output_chars)
+        own.mcp_started = True
+        closers = []
+        try:
+            for start in self.episode_starters:
+                tools, close = await start()
+                closers.append(close)
+                for t in tools:
+                    own.add(t)
+            yield own
+        finally:
+            for close in reversed(closers):
+                with contextlib.suppress(Exception):
+                    await close()
 
     def schemas(self) -> list[dict]:
         """OpenAI-style function specs, as chat templates take them (`tools=`)."""

@@ -1,7 +1,8 @@
 """Tools from MCP servers (the official `mcp` SDK), offered to the model next to the built-in ones.
 
 One `McpServer` per `rollout.tools.mcp` entry: a stdio subprocess (optionally inside bubblewrap) or a
-streamable HTTP endpoint. `start()` connects, initializes the session and lists the server's tools, each
+streamable HTTP endpoint, shared by the worker's episodes (scope "worker") or started afresh for each
+episode (scope "episode": `ToolRegistry.episode()` starts it and closes it when the episode ends). `start()` connects, initializes the session and lists the server's tools, each
 exposed as a jetrl Tool named `<prefix><tool name>`. The mcp client's context managers (anyio task groups)
 must be entered and left in one task: a background task holds them open until `close()`; calls are made
 from the episodes' tasks on the session object.
@@ -214,6 +215,12 @@ class McpServer:
             cursor = page.next_cursor
             if not cursor or len(offered) > cfg.max_tools:
                 break
+        if cfg.tools:  # the allow-list: only these, and each must be there
+            missing = sorted(set(cfg.tools) - {t.name for t in offered})
+            if missing:
+                raise McpUnavailable(f"the server lists no tool {', '.join(map(repr, missing))} (rollout.tools.mcp "
+                                     f"{cfg.name!r} tools)")
+            offered = [t for t in offered if t.name in cfg.tools]
         out: list[McpTool] = []
         for t in offered:
             name = self.prefix + t.name
@@ -283,17 +290,38 @@ async def start_mcp_tools(cfg: ToolsConfig, registry: ToolRegistry) -> Callable[
         for r in results:
             if isinstance(r, BaseException):
                 raise r
+        names = set(registry.tools)
         for tools in results:
             for t in tools:
-                if t.name in registry.tools:
+                if t.name in names:
                     raise ValueError(f"rollout.tools.mcp {t.server.cfg.name!r}: tool {t.name!r} is already "
                                      "registered (set tool_prefix)")
-                registry.add(t)
+                names.add(t.name)
+        for server, tools in zip(started, results, strict=True):
+            if server.cfg.scope == "worker":
+                for t in tools:
+                    registry.add(t)
+            else:  # checked and listed above; each episode gets its own from now on
+                await server.close()
+                registry.episode_starters.append(_episode_starter(server.cfg))
     except BaseException:
         await close()
         raise
     registry.mcp_started = True
     return close
+
+
+def _episode_starter(cfg: McpServerConfig):
+    """Start `cfg`'s server for one episode: (its tools, its closer). A server that fails to start gives the
+    episode no tools of it and a warning; the episode goes on (its calls answer that the tool is unknown)."""
+    async def start():
+        server = McpServer(cfg)
+        try:
+            return await server.start(), server.close
+        except McpUnavailable as exc:
+            log.warning("%s", exc)
+            return [], server.close
+    return start
 
 
 __all__ = ["McpServer", "McpTool", "McpUnavailable", "bearer_token", "render_content", "start_mcp_tools"]

@@ -69,6 +69,18 @@ def plain_response(texts: list[str]) -> str:
     return "".join(f"\n<tool_response>\n{t}\n</tool_response>\n" for t in texts)
 
 
+def forced_call(ctx: WorkflowContext, sampling, schemas: list[dict]):
+    """`sampling` constrained to one call of an offered tool (rollout.tool_agent.tool_choice: required), as the
+    endpoint constrains tool_choice 'required' (agents/constrain.py); ValueError when the engine cannot."""
+    from dataclasses import replace
+
+    from rollout_service.agents.constrain import turn_constraint
+
+    sp = replace(sampling, constraint=turn_constraint(schemas, schemas, None, several=False))
+    ctx.engine.check_support(sp)
+    return sp
+
+
 class ToolAgentWorkflow(Workflow):
     name = "tool_agent"
 
@@ -79,9 +91,13 @@ class ToolAgentWorkflow(Workflow):
         return await self.run_group(ctx, task, self.one)
 
     async def one(self, ctx: WorkflowContext, task: PromptTask, index: int) -> Sample:
+        async with ctx.tools.episode() as tools:  # episode-scoped MCP servers start (and end) here
+            return await self._one(ctx, task, index, tools)
+
+    async def _one(self, ctx: WorkflowContext, task: PromptTask, index: int, tools) -> Sample:
         cfg = ctx.cfg.rollout.tool_agent
         max_turns = self.max_turns or cfg.max_turns
-        schemas = ctx.tools.schemas()
+        schemas = tools.schemas()
         if ctx.has_chat_template:
             messages = prompt_messages(task.payload, cfg.system_prompt)
             prompt = ctx.encode(ctx.apply_template(messages, schemas or None, add_generation_prompt=True))
@@ -91,10 +107,11 @@ class ToolAgentWorkflow(Workflow):
             prompt = ctx.encode((head + "\n" if head else "") + ctx.render_prompt_text(task.payload))
         trace = Trace(prompt)
         sampling = ctx.sampling(task, index, extra_stop=[CALL_CLOSE])
+        first = forced_call(ctx, sampling, schemas) if cfg.tool_choice == "required" and schemas else sampling
         calls = errors = 0
         answer, finish, turn = "", None, 0
         for turn in range(max_turns):
-            res = await ctx.generate(trace.tokens, sampling)
+            res = await ctx.generate(trace.tokens, first if turn == 0 else sampling)
             trace.add_policy(res)
             answer = ctx.decode(res.output_ids)
             items = parse_tool_calls(answer)
@@ -110,7 +127,7 @@ class ToolAgentWorkflow(Workflow):
                     texts.append(item)
                     errors += 1
                     continue
-                outcome = await ctx.tools.call(item)
+                outcome = await tools.call(item)
                 calls += 1
                 errors += not outcome.ok
                 texts.append(outcome.text)

@@ -66,9 +66,16 @@ class McpServerConfig(Section):
         4000, ge=64, description="Longest tool accepted from the server: its name, description and JSON input schema "
         "together, in characters; a longer tool is dropped with a warning.",
     )
-    scope: Literal["worker"] = Field(
+    scope: Literal["worker", "episode"] = Field(
         "worker", description="worker: one connection (one server process, for stdio) shared by all episodes of a "
-        "rollout worker, started with the worker and closed with it.",
+        "rollout worker, started with the worker and closed with it. episode: a fresh connection (a fresh server "
+        "process, for stdio; a fresh MCP session, for http) for each episode, closed when it ends, so no "
+        "episode sees another's state (a server is also started once at worker start, to check it and list its "
+        "tools).",
+    )
+    tools: list[str] = Field(
+        default_factory=list, description="Only these of the server's tools (their names on the server) are "
+        "offered ([] = all it lists); a name the server does not list stops the worker at start.",
     )
 
     @model_validator(mode="after")
@@ -119,6 +126,11 @@ class ToolsConfig(Section):
 
 class ToolAgentConfig(Section):
     max_turns: int = Field(4, ge=1, description="Most model turns per sample (tool calls + final answer).")
+    tool_choice: Literal["auto", "required"] = Field(
+        "auto", description="required: the first turn must call one of the offered tools, with arguments that "
+        "match its schema (constrained decoding, as the endpoint's tool_choice 'required'; engine local); later "
+        "turns are free. For a policy that has yet to learn the call format.",
+    )
     system_prompt: str = Field(
         "", description="System message for chat-template tokenizers ('' = a short default naming the tools)."
     )

@@ -122,7 +122,7 @@ def test_config_validation():
     with pytest.raises(ValidationError, match="for transport stdio"):
         McpServerConfig(name="a", transport="http", url="http://127.0.0.1:1/mcp", command=["x"])
     with pytest.raises(ValidationError):
-        McpServerConfig(name="a", command=["x"], scope="episode")
+        McpServerConfig(name="a", command=["x"], scope="process")
     with pytest.raises(ValidationError, match="used twice"):
         ToolsConfig(mcp=[{"name": "a", "command": ["x"]}, {"name": "a", "command": ["y"]}])
 
@@ -297,3 +297,92 @@ async def test_a_pool_of_workers_starts_one_mcp_server_for_all_of_them(nats_conf
     while _alive(pid) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not _alive(pid), "the MCP server outlived the pool"
+
+
+async def test_an_allow_list_offers_only_the_named_tools_and_a_missing_one_fails_start():
+    cfg = ToolsConfig(enabled=[], mcp=[stdio_cfg(tools=["add", "echo"]).model_dump()])
+    reg = build_tools(cfg)
+    close = await start_mcp_tools(cfg, reg)
+    try:
+        assert list(reg.tools) == ["ex.add", "ex.echo"]
+    finally:
+        await close()
+    bad = ToolsConfig(enabled=[], mcp=[stdio_cfg(tools=["add", "nope"]).model_dump()])
+    with pytest.raises(McpUnavailable, match="lists no tool 'nope'"):
+        await start_mcp_tools(bad, build_tools(bad))
+
+
+async def test_episode_scope_gives_each_episode_its_own_server_closed_when_it_ends():
+    cfg = ToolsConfig(enabled=["calculator"], mcp=[stdio_cfg(scope="episode").model_dump()])
+    reg = build_tools(cfg)
+    close = await start_mcp_tools(cfg, reg)  # started once to check it and list its tools, then closed
+    try:
+        assert list(reg.tools) == ["calculator"] and len(reg.episode_starters) == 1
+        async with reg.episode() as a, reg.episode() as b:  # two episodes at once
+            assert set(a.tools) == set(b.tools) == {"calculator", "ex.add", "ex.echo", "ex.fail", "ex.pid"}
+            pa, pb = [int((await r.call(ToolCall("ex.pid", {}))).text) for r in (a, b)]
+            assert pa != pb and _alive(pa) and _alive(pb)
+            assert (await a.call(ToolCall("calculator", {"expression": "2*3"}))).text == "6"
+        deadline = time.monotonic() + 10
+        while (_alive(pa) or _alive(pb)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not _alive(pa) and not _alive(pb), "an episode's MCP server outlived its episode"
+        assert "ex.pid" not in reg.tools  # the worker's registry never holds them
+    finally:
+        await close()
+
+
+def char_policy(tmp_path: Path) -> Path:
+    """A tiny random policy whose tokenizer can spell JSON (one token per character, 1024 positions), saved
+    as a model directory for the local engine and the trainer: model.path = it, model.tokenizer = it/tokenizer
+    (a directory without config.json loads as the fast tokenizer it is; AutoTokenizer would take qwen2's)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from shared.config import ModelConfig
+    from shared.model.tinymodel import tiny_config
+
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    conf = tiny_config(ModelConfig(), len(tok))
+    conf.max_position_embeddings = 1024
+    out = tmp_path / "char-policy"
+    AutoModelForCausalLM.from_config(conf).save_pretrained(out)
+    tok.save_pretrained(out / "tokenizer")
+    return out
+
+
+async def test_tool_choice_required_makes_the_first_turn_a_valid_call_of_an_offered_tool(tmp_path):
+    """A tiny random policy in the local engine: its first turn is forced to a schema-valid call, which the
+    MCP server answers; later turns are free."""
+    import json
+
+    from rollout_service.engines.local import LocalEngine
+
+    cfg = JetrlConfig.model_validate({"reward": {"task": "maxdigit"}, "model": {"path": str(pol := char_policy(tmp_path)),
+                                                                          "tokenizer": str(pol / "tokenizer")},
+                                      "rollout": {"sampling": {"max_new_tokens": 160, "seed": 0},
+                                                  "tool_agent": {"tool_choice": "required", "max_turns": 2}}})
+    engine = LocalEngine(cfg)
+    await engine.start()
+    # add's integers end soon under a random policy; a free string (echo) would run on to max_new_tokens
+    server = McpServer(stdio_cfg(tools=["add", "pid"]))
+    try:
+        reg = ToolRegistry(await server.start(), timeout_s=10)
+        ctx = WorkflowContext(engine=engine, tokenizer=engine.tokenizer, reward=MaxDigitReward(), tools=reg, cfg=cfg)
+        task = PromptTask(run="r1", prompt_id="p1", epoch=0, payload={"prompt": "1 2 3 =", "reference": "3"},
+                          group_size=3)
+        samples = await ToolAgentWorkflow().run(ctx, task)
+    finally:
+        await server.close()
+        await engine.close()
+    tok = engine.tokenizer
+    for s in samples:
+        text = tok.decode(s.tokens[s.prompt_len:].tolist())
+        assert text.startswith("<tool_call>"), text[:200]
+        call_ = json.loads(text[len("<tool_call>"): text.index("</tool_call>")])
+        assert call_["name"] in ("ex.add", "ex.pid") and s.metrics["tool_calls"] == 1
+        assert s.metrics["tool_errors"] == 0, text
+        if call_["name"] == "ex.add":  # what the server answers to that call
+            want = str(call_["arguments"]["a"] + call_["arguments"]["b"])
+            assert f"<tool_response>\n{want}\n</tool_response>" in text
