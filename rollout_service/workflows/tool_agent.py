@@ -1,5 +1,8 @@
 """tool_agent: function calling in the Hermes / Qwen format.
 
+With rollout.tool_agent.tool_choice "required" the first turn is constrained to one call of an offered tool
+(its declared arguments only, matching their schemas); later turns are free.
+
 The model writes `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; generation stops at the
 closing tag, the call is parsed and run by the tool registry (time-limited), and the result is appended
 as a `<tool_response>` turn (through the tokenizer's chat template, role "tool", where it has one).
@@ -69,6 +72,14 @@ def plain_response(texts: list[str]) -> str:
     return "".join(f"\n<tool_response>\n{t}\n</tool_response>\n" for t in texts)
 
 
+def closed_object(params: dict) -> dict:
+    """A tool's parameters schema without room for arguments it does not declare (the registry refuses those,
+    ToolRegistry.check_args), unless it says otherwise."""
+    if params.get("type", "object") == "object" and "properties" in params and "additionalProperties" not in params:
+        return {**params, "additionalProperties": False}
+    return params
+
+
 def forced_call(ctx: WorkflowContext, sampling, schemas: list[dict]):
     """`sampling` constrained to one call of an offered tool (rollout.tool_agent.tool_choice: required), as the
     endpoint constrains tool_choice 'required' (agents/constrain.py); ValueError when the engine cannot."""
@@ -76,7 +87,9 @@ def forced_call(ctx: WorkflowContext, sampling, schemas: list[dict]):
 
     from rollout_service.agents.constrain import turn_constraint
 
-    sp = replace(sampling, constraint=turn_constraint(schemas, schemas, None, several=False))
+    closed = [{**t, "function": {**t["function"], "parameters": closed_object(t["function"].get("parameters") or {})}}
+              for t in schemas]
+    sp = replace(sampling, constraint=turn_constraint(closed, closed, None, several=False))
     ctx.engine.check_support(sp)
     return sp
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+
 import pytest
-from rollout_doubles import worker_config
+from rollout_doubles import MCP_SERVER, free_port, worker_config
 
 from reward_service.service import RewardService
 from shared.contract import bus
@@ -18,3 +23,25 @@ async def reward_service(nats_config, js):
     yield svc
     await svc.stop(drain_s=1)
     await conn.close()
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """The example MCP server over streamable HTTP with a bearer token: (url, token file)."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(0o600)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, MCP_SERVER, "http", str(port), str(token)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "the HTTP MCP server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp", token
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -36,6 +37,13 @@ def build(hostile: bool = False) -> MCPServer:
     def pid() -> int:
         """The server's process id."""
         return os.getpid()
+
+    started = uuid.uuid4().hex
+
+    @server.tool()
+    def instance() -> str:
+        """A random id drawn when this server started (in a sandbox every server is pid 2)."""
+        return started
 
     if hostile:
         def huge(x: int) -> int:

@@ -41,6 +41,37 @@ def char_tokenizer(chat_template: str | None = None):
     return out
 
 
+MCP_SERVER = str(__import__("pathlib").Path(__file__).resolve().parent / "mcp_server_example.py")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def char_policy(tmp_path):
+    """A tiny random policy whose tokenizer can spell JSON (one token per character, 1024 positions), saved
+    as a model directory for the local engine and the trainer: model.path = it, model.tokenizer = it/tokenizer
+    (a directory without config.json loads as the fast tokenizer it is; AutoTokenizer would take qwen2's)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from shared.config import ModelConfig
+    from shared.model.tinymodel import tiny_config
+
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    conf = tiny_config(ModelConfig(), len(tok))
+    conf.max_position_embeddings = 1024
+    out = tmp_path / "char-policy"
+    AutoModelForCausalLM.from_config(conf).save_pretrained(out)
+    tok.save_pretrained(out / "tokenizer")
+    return out
+
+
 Script = Callable[[str, int], str]
 
 

@@ -6,15 +6,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from rollout_doubles import MaxDigitReward, ScriptedEngine, char_tokenizer, worker_config
+from rollout_doubles import (
+    MaxDigitReward,
+    ScriptedEngine,
+    char_policy,
+    char_tokenizer,
+    free_port,
+    worker_config,
+)
 
 from rollout_service.tools import ToolCall, ToolRegistry, build_tools
 from rollout_service.tools.mcp_tools import McpServer, McpUnavailable, start_mcp_tools
@@ -48,7 +53,7 @@ async def ex():
 
 async def test_stdio_server_tools_are_listed_with_prefixed_names_and_schemas(ex):
     server, reg = ex
-    assert list(reg.tools) == ["ex.add", "ex.echo", "ex.fail", "ex.pid"]
+    assert list(reg.tools) == ["ex.add", "ex.echo", "ex.fail", "ex.pid", "ex.instance"]
     spec = {s["function"]["name"]: s["function"] for s in reg.schemas()}
     assert spec["ex.add"]["description"] == "Add two integers."
     assert spec["ex.add"]["parameters"]["required"] == ["a", "b"]
@@ -146,33 +151,6 @@ async def test_sandboxed_stdio_server_works():  # bubblewrap, as the python tool
 
 
 # --- streamable HTTP ---------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def http_server(tmp_path):
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
-    token.chmod(0o600)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, SERVER, "http", str(port), str(token)], stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None and time.monotonic() < deadline, "the HTTP MCP server did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp", token
-    finally:
-        proc.kill()
-        proc.wait(10)
-
-
 async def test_http_server_with_bearer_token(http_server):
     url, token = http_server
     server = McpServer(McpServerConfig(name="web", transport="http", url=url, token_file=str(token)))
@@ -211,7 +189,7 @@ async def test_start_mcp_tools_adds_to_the_builtin_registry_and_refuses_clashes(
     reg = build_tools(cfg)
     close = await start_mcp_tools(cfg, reg)
     try:
-        assert list(reg.tools) == ["calculator", "ex.add", "ex.echo", "ex.fail", "ex.pid"]
+        assert list(reg.tools) == ["calculator", "ex.add", "ex.echo", "ex.fail", "ex.pid", "ex.instance"]
     finally:
         await close()
     clash = ToolsConfig(enabled=["calculator"], mcp=[stdio_cfg(tool_prefix="", args=[]).model_dump()])
@@ -319,7 +297,7 @@ async def test_episode_scope_gives_each_episode_its_own_server_closed_when_it_en
     try:
         assert list(reg.tools) == ["calculator"] and len(reg.episode_starters) == 1
         async with reg.episode() as a, reg.episode() as b:  # two episodes at once
-            assert set(a.tools) == set(b.tools) == {"calculator", "ex.add", "ex.echo", "ex.fail", "ex.pid"}
+            assert set(a.tools) == set(b.tools) == {"calculator", "ex.add", "ex.echo", "ex.fail", "ex.pid", "ex.instance"}
             pa, pb = [int((await r.call(ToolCall("ex.pid", {}))).text) for r in (a, b)]
             assert pa != pb and _alive(pa) and _alive(pb)
             assert (await a.call(ToolCall("calculator", {"expression": "2*3"}))).text == "6"
@@ -330,26 +308,6 @@ async def test_episode_scope_gives_each_episode_its_own_server_closed_when_it_en
         assert "ex.pid" not in reg.tools  # the worker's registry never holds them
     finally:
         await close()
-
-
-def char_policy(tmp_path: Path) -> Path:
-    """A tiny random policy whose tokenizer can spell JSON (one token per character, 1024 positions), saved
-    as a model directory for the local engine and the trainer: model.path = it, model.tokenizer = it/tokenizer
-    (a directory without config.json loads as the fast tokenizer it is; AutoTokenizer would take qwen2's)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from shared.config import ModelConfig
-    from shared.model.tinymodel import tiny_config
-
-    tok = char_tokenizer()
-    torch.manual_seed(0)
-    conf = tiny_config(ModelConfig(), len(tok))
-    conf.max_position_embeddings = 1024
-    out = tmp_path / "char-policy"
-    AutoModelForCausalLM.from_config(conf).save_pretrained(out)
-    tok.save_pretrained(out / "tokenizer")
-    return out
 
 
 async def test_tool_choice_required_makes_the_first_turn_a_valid_call_of_an_offered_tool(tmp_path):
