@@ -112,7 +112,8 @@ class OnlineServer:
             self.on_count(outcome, n)
 
     def open_sessions(self, app: str) -> int:
-        return sum(1 for s in self.store.sessions.values() if s.app == app and s.reward is None)
+        """The application's sessions not yet published or expired (rewarded ones waiting for their group too)."""
+        return sum(1 for s in self.store.sessions.values() if s.app == app)
 
     async def session_for(self, sid: str, app: str) -> OnlineSession | None:
         """The session if it exists and is `app`'s; loaded from its record when this worker does not hold it
@@ -170,9 +171,17 @@ class OnlineServer:
             s.reward, s.rewarded_at, s.updated = float(value), time.time(), time.time()
             await self.records.save(s)
             self.count("rewarded")
-            published = await self.assemble(s)
+            pending = False
+            try:
+                published = await self.assemble(s)
+            except Exception as exc:  # the reward is kept (in the record): the next sweep publishes it
+                log.warning("online: publishing after session %s's reward failed (%s: %s); the sweep retries",
+                            s.id, type(exc).__name__, exc)
+                published, pending = None, True
         out = {"session": s.id, "reward": s.reward, "trained": True, "published": published}
-        if published is None and s.group:
+        if pending:
+            out["publish_pending"] = "the reward is kept; publishing failed and is retried every sweep_interval_s"
+        elif published is None and s.group:
             waiting = sum(1 for x in self.store.sessions.values() if x.app == s.app and x.group == s.group
                           and x.reward is not None)
             out["group_waiting"] = f"{waiting} of {self.cfg.group_size} sessions of group {s.group!r} rewarded"
@@ -206,8 +215,8 @@ class OnlineServer:
             self.store.close(s)
 
     async def sweep(self, now: float | None = None) -> int:
-        """Drop sessions idle past session_ttl_s (counted `expired`), and publish rewarded sessions whose
-        publish failed before; how many expired."""
+        """Drop sessions idle past session_ttl_s (counted `expired`), and publish what rewarded sessions
+        complete whose publish failed before (or that a restart took over); how many expired."""
         now = time.time() if now is None else now
         async with self._lock:
             expired = [s for s in list(self.store.sessions.values()) if now - s.updated > self.cfg.session_ttl_s]
@@ -218,9 +227,16 @@ class OnlineServer:
                 if self.emit is not None:
                     await self.emit("online_expired", {"sessions": [s.id for s in expired],
                                                        "rewarded": sum(s.reward is not None for s in expired)})
-            for s in [s for s in self.store.sessions.values() if s.reward is not None and not s.group]:
-                with contextlib.suppress(Exception):
-                    await self.assemble(s)
+            groups: dict[tuple[str, str], OnlineSession] = {}
+            for s in self.store.sessions.values():
+                if s.reward is not None:  # a publish that failed before (or a record taken over at start)
+                    groups.setdefault((s.app, s.group) if s.group else (s.app, s.id), s)
+            for s in groups.values():
+                if s.id in self.store.sessions:
+                    try:
+                        await self.assemble(s)
+                    except Exception as exc:  # NATS down for a moment: the next sweep tries again
+                        log.warning("online: publishing session %s failed: %s: %s", s.id, type(exc).__name__, exc)
         return len(expired)
 
     # --- lifecycle -------------------------------------------------------------------------------

@@ -250,8 +250,8 @@ class OnlineConfig(Section):
         "mean and std as the group statistics (a moving baseline).",
     )
     max_open_sessions: int = Field(
-        1000, ge=1, description="Open (unrewarded, unexpired) sessions one application may hold; past it "
-        "creating one is refused (HTTP 429).",
+        1000, ge=1, description="Sessions one application may hold (not yet published or expired: rewarded ones "
+        "waiting for their group count too); past it creating one is refused (HTTP 429).",
     )
     requests_per_min: int = Field(600, ge=1, description="Requests one application may send per minute (HTTP 429 past it).")
     tokens_per_min: int = Field(

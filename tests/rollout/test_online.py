@@ -327,3 +327,23 @@ async def test_a_worker_sigkilled_between_the_conversation_and_its_reward_loses_
     finally:
         p.kill()
         p.wait(10)
+
+
+async def test_a_failed_publish_keeps_the_reward_and_the_sweep_publishes_it(nats_config, js, keys_dir):
+    async with Online(nats_config, keys_dir, sweep_interval_s=0.2) as on:
+        real, failures = on.server.publish, []
+
+        async def flaky(group):
+            if not failures:
+                failures.append(group.group_id)
+                raise ConnectionError("NATS is away")
+            await real(group)
+
+        on.server.publish = flaky
+        s = await on.open()
+        await on.chat(s, "hi")
+        r = (await on.reward(s["id"], 1.0)).json()
+        assert r["published"] is None and "publish_pending" in r
+        (g,) = await wait_for(lambda: _groups(js, 1), what="the sweep to publish it")
+        assert g.group_id == failures[0] and g.samples[0].reward == 1.0
+        assert (await on.reward(s["id"], 0.0)).status_code == 404  # published: gone
