@@ -55,9 +55,10 @@ def _port(section, name: str) -> int:
     return free_port()
 
 
-def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
+def resolve_config(cfg: JetrlConfig, run_dir: Path, write: bool = True) -> JetrlConfig:
     """The config every child reads: concrete ports and URLs, state paths inside `run_dir`, and NATS as a
-    server to connect to (the launcher runs the embedded one itself)."""
+    server to connect to (the launcher runs the embedded one itself). `write` false (`--dry-run`): the
+    secret files are named but not created."""
     run_dir = run_dir.resolve()
     out = cfg.model_copy(deep=True)
     if out.nats.embedded:
@@ -87,11 +88,11 @@ def resolve_config(cfg: JetrlConfig, run_dir: Path) -> JetrlConfig:
     ev = getattr(out, "eval", None)
     if ev is not None and ev.dataset:
         ev.dataset = str(Path(ev.dataset).resolve())
-    _run_secrets(out, run_dir / "secrets")
+    _run_secrets(out, run_dir / "secrets", write)
     return out
 
 
-def _secret_into_file(section, name: str, path: Path) -> None:
+def _secret_into_file(section, name: str, path: Path, write: bool = True) -> None:
     """Make `section.<name>` come from a 0600 file: the user's file as given, an inline value moved into
     `path`, or a fresh random one in `path` (kept across `jetrl up` restarts of the same run dir)."""
     from shared.runtime.credentials import new_token, write_private
@@ -100,60 +101,63 @@ def _secret_into_file(section, name: str, path: Path) -> None:
         setattr(section, f"{name}_file", str(Path(getattr(section, f"{name}_file")).expanduser().resolve()))
         return
     value = getattr(section, name)
-    if value:
-        write_private(path, value + "\n")
-    elif not path.is_file():
-        write_private(path, new_token() + "\n")
-    os.chmod(path, 0o600)
+    if write:
+        if value:
+            write_private(path, value + "\n")
+        elif not path.is_file():
+            write_private(path, new_token() + "\n")
+        os.chmod(path, 0o600)
     setattr(section, name, "")
     setattr(section, f"{name}_file", str(path))
 
 
-def _run_secrets(out: JetrlConfig, secrets_dir: Path) -> None:
+def _run_secrets(out: JetrlConfig, secrets_dir: Path, write: bool = True) -> None:
     """Authenticated by default: the controller's and the weight store's bearer tokens and the embedded NATS
     server's user + password live in 0600 files under `<run dir>/secrets/` (generated per run unless the
     config names them); the config every child reads holds their paths, never the values. A section with
     `insecure_no_auth: true` is left open (and its service logs a warning)."""
-    secrets_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(secrets_dir, 0o700)
+    if write:
+        secrets_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(secrets_dir, 0o700)
     if not out.controller.insecure_no_auth:
-        _secret_into_file(out.controller, "token", secrets_dir / "controller.token")
+        _secret_into_file(out.controller, "token", secrets_dir / "controller.token", write)
     if not out.weights.insecure_no_auth:
-        _secret_into_file(out.weights, "token", secrets_dir / "weights.token")
+        _secret_into_file(out.weights, "token", secrets_dir / "weights.token", write)
         if out.weights.read_token or out.weights.read_token_file:
-            _secret_into_file(out.weights, "read_token", secrets_dir / "weights.read_token")
+            _secret_into_file(out.weights, "read_token", secrets_dir / "weights.read_token", write)
     n = out.nats
     if n.embedded and not n.insecure_no_auth:
         if n.token or n.token_file:
-            _secret_into_file(n, "token", secrets_dir / "nats.token")
+            _secret_into_file(n, "token", secrets_dir / "nats.token", write)
         elif n.per_service_users:
-            _nats_users(n, secrets_dir / "nats")
+            _nats_users(n, secrets_dir / "nats", write)
         else:
             n.user = n.user or "jetrl"
-            _secret_into_file(n, "password", secrets_dir / "nats.password")
+            _secret_into_file(n, "password", secrets_dir / "nats.password", write)
     elif n.password or n.token:  # an external server's credentials: out of the children's config too
         for name in ("password", "token"):
             if getattr(n, name):
-                _secret_into_file(n, name, secrets_dir / f"nats.{name}")
+                _secret_into_file(n, name, secrets_dir / f"nats.{name}", write)
 
 
-def _nats_users(n, users_dir: Path) -> None:
+def _nats_users(n, users_dir: Path, write: bool = True) -> None:
     """One NATS user per service role (shared/runtime/nats_permissions.py), each password in a 0600
     `<users_dir>/<role>.password` (kept across restarts of the run dir). The launcher's own identity (and
     the config.yaml default) is `jetrl-admin`; a password the config gives becomes the admin's."""
     from shared.runtime.credentials import new_token
     from shared.runtime.nats_permissions import ROLES, user_name
 
-    users_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(users_dir, 0o700)
     admin = users_dir / "admin.password"
-    if n.password or n.password_file:
-        if n.password_file:
-            n.password = Path(n.password_file).expanduser().read_text().strip()
-        write_private(admin, n.password + "\n")
-    for role in ROLES:
-        if not (users_dir / f"{role}.password").is_file():
-            write_private(users_dir / f"{role}.password", new_token() + "\n")
+    if write:
+        users_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(users_dir, 0o700)
+        if n.password or n.password_file:
+            if n.password_file:
+                n.password = Path(n.password_file).expanduser().read_text().strip()
+            write_private(admin, n.password + "\n")
+        for role in ROLES:
+            if not (users_dir / f"{role}.password").is_file():
+                write_private(users_dir / f"{role}.password", new_token() + "\n")
     n.users_dir = str(users_dir)
     n.user, n.password, n.password_file = user_name("admin"), "", str(admin)
 
@@ -280,12 +284,15 @@ def write_resolved(cfg: JetrlConfig, opts: UpOptions) -> tuple[JetrlConfig, Path
 
 
 def dry_run_text(cfg: JetrlConfig, opts: UpOptions) -> str:
+    """What `jetrl up` would write and start; it writes nothing (no run dir, config or secret file)."""
     import shlex
 
-    resolved, path = write_resolved(cfg, opts)
+    resolved = resolve_config(cfg, opts.run_dir, write=False)
+    path = opts.run_dir.resolve() / "config.yaml"
     specs = plan(resolved, path, opts)
     ports = assign_metrics_ports(specs, resolved.telemetry)
-    lines = [f"# resolved config (read by every process): {path}", path.read_text().rstrip(), "", "# processes"]
+    lines = [f"# resolved config (written to {path} at start and read by every process; --dry-run writes "
+             "nothing)", dump_config(child_config(resolved)).rstrip(), "", "# processes"]
     for s in specs:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items())
         lines.append(f"{s.name}: {env + ' ' if env else ''}{shlex.join(s.argv)}")

@@ -57,11 +57,18 @@ def test_short_demo_run_dir_is_private_and_each_service_has_its_own_nats_user(tm
 def test_private_files_false_keeps_the_shells_umask(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("run: open\nnats: {embedded: true}\nreward: {task: maxdigit}\nlaunch: {private_files: false}\n")
+    # what `jetrl up` writes before it starts anything (the run dir, config.yaml, the secrets)
+    start = ("import sys; from pathlib import Path; from launcher.plan import UpOptions, write_resolved; "
+             "from shared.config import JetrlConfig, load_config; "
+             "write_resolved(load_config(JetrlConfig, sys.argv[1], []), UpOptions(run_dir=Path(sys.argv[2])))")
+    proc = subprocess.run([sys.executable, "-c", start, str(cfg), str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=120, preexec_fn=lambda: os.umask(0o022))
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o755
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "up", "-c", str(cfg), "--dry-run", "--run-dir",
                            str(tmp_path / "run")], capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: os.umask(0o022))
     assert proc.returncode == 0, proc.stderr
-    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o755
     # the dry run shows each service's NATS identity: a user and its password's file, never a password
     procs = proc.stdout.split("# processes")[1]
     assert "nats.user=jetrl-rollout" in procs and "nats.user=jetrl-trainer" in procs

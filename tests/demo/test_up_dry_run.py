@@ -16,7 +16,7 @@ def _cfg(tmp_path, text):
     return load_config(JetrlConfig, str(p), [])
 
 
-def test_dry_run_prints_every_process_and_writes_the_resolved_config(tmp_path):
+def test_dry_run_prints_every_process_and_the_resolved_config_and_writes_nothing(tmp_path):
     (tmp_path / "c.yaml").write_text("run: dry\nnats: {embedded: true}\nreward: {task: maxdigit}\n")
     out = subprocess.run([sys.executable, "-m", "launcher.cli", "up", "-c", str(tmp_path / "c.yaml"), "--dry-run",
                           "--run-dir", str(tmp_path / "run"), "--workers", "2"],
@@ -25,7 +25,8 @@ def test_dry_run_prints_every_process_and_writes_the_resolved_config(tmp_path):
     procs, ports = out.stdout.split("# processes")[1].split("# metrics ports")
     names = [line.split(":")[0] for line in procs.strip().splitlines()]
     assert names == ["nats", "controller", "weights", "reward", "rollout-0", "rollout-1", "trainer"]
-    child = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing: no run dir, config or secret file
+    child = yaml.safe_load(out.stdout.split("# processes")[0].split("\n", 1)[1])
     assert child["nats"]["embedded"] is False
     port = int(child["nats"]["servers"][0].rsplit(":", 1)[1])
     assert f"--port {port}" in out.stdout
@@ -33,7 +34,6 @@ def test_dry_run_prints_every_process_and_writes_the_resolved_config(tmp_path):
     assert child["controller"]["db_url"] == f"sqlite:///{tmp_path / 'run' / 'controller.db'}"
     assert child["weights"]["root"] == str(tmp_path / "run" / "weights")
     assert "--resume" in out.stdout
-    assert not (tmp_path / "run" / "logs").exists()  # nothing was started
     metrics = dict(line.split(": ") for line in ports.strip().splitlines()[1:])
     assert set(metrics) == {"reward", "rollout-0", "rollout-1", "trainer"}
     for name, port in metrics.items():
