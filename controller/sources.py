@@ -32,7 +32,7 @@ MAX_MATCHES = 10_000
 
 
 def builders() -> set[str]:
-    """The packaged builders of the installed `datasets` (json, csv, parquet, text, conll, ...)."""
+    """The packaged builders of the installed `datasets` (json, csv, parquet, text, xml, ...)."""
     try:
         from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
     except ImportError:
