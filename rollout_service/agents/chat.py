@@ -21,8 +21,8 @@ from pydantic import BaseModel, model_validator
 
 from rollout_service.agents.session import Call
 from rollout_service.tools.base import ToolCall
+from rollout_service.tools.call_format import CALL_CLOSE, CALL_OPEN, parse_tool_calls, plain_preamble
 from rollout_service.workflows.base import WorkflowContext
-from rollout_service.workflows.tool_agent import CALL_CLOSE, CALL_OPEN, parse_tool_calls, plain_preamble
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from rollout_service.agents.chat import BadRequest
 from rollout_service.engines.constraint import Constraint, json_schema_lark
-from rollout_service.workflows.tool_agent import CALL_CLOSE, CALL_OPEN
+from rollout_service.tools.call_format import CALL_CLOSE, CALL_OPEN
 
 RESPONSE_OPEN = "<tool_response>"  # the model inventing a tool's answer: its turn is over
 _LOOPS_OVER_CALLS = re.compile(r"for\s+\w+\s+in\s+[\w.]*tool_calls")
