@@ -8,10 +8,11 @@ import sys
 import time
 
 import pytest
-from rollout_doubles import MCP_SERVER, free_port, worker_config
+from rollout_doubles import MCP_SERVER, worker_config
 
 from reward_service.service import RewardService
 from shared.contract import bus
+from shared.runtime.natsd import free_port
 
 
 @pytest.fixture

@@ -44,14 +44,6 @@ def char_tokenizer(chat_template: str | None = None):
 MCP_SERVER = str(__import__("pathlib").Path(__file__).resolve().parent / "mcp_server_example.py")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def char_policy(tmp_path):
     """A tiny random policy whose tokenizer can spell JSON (one token per character, 1024 positions), saved
     as a model directory for the local engine and the trainer: model.path = it, model.tokenizer = it/tokenizer

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 from ci_gate import node_project
+from up_helpers import run_until_trained
 
 from launcher.demo.task import write_dataset
-from launcher.plan import UpOptions
-from launcher.up import Launcher, poll_until
 from shared.config import JetrlConfig
 
 pytestmark = pytest.mark.slow
@@ -34,21 +33,7 @@ async def test_a_node_agent_trains_through_controller_reward_and_trainer(node, t
                     "group_size": 4, "max_in_flight": 4, "sampling": {"max_new_tokens": 1},
                     "agent": {"timeout_s": 60}},
     })
-    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False, with_eval=False))
-    try:
-        await launcher.start(timeout_s=240)
-        await launcher.enqueue(str(train))
-
-        async def done():
-            snap = await launcher.poll()
-            if launcher.sup.failure is not None:
-                raise AssertionError(launcher.sup.failure.message())
-            return launcher.trainer_done(snap) and snap
-
-        snap = await poll_until(done, 420, "the trainer to finish 3 steps")
-        ledger = await launcher._check(await launcher.http.get("/v1/runs/nodeagent/ledger"))
-    finally:
-        await launcher.stop()
+    snap, ledger, _ = await run_until_trained(cfg, tmp_path / "run", train, timeout_s=420)
     steps = snap["steps"]
     assert len(steps) >= 3 and ledger["trained"] >= 3 * 4
     accounted = sum(int(ledger.get(k, 0)) for k in ("trained", "dropped_stale", "filtered", "dead_lettered", "in_flight"))

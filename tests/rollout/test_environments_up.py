@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 from rollout_doubles import MCP_SERVER, char_policy
+from up_helpers import run_until_trained
 
-from launcher.plan import UpOptions
-from launcher.up import Launcher, poll_until
 from shared.config import JetrlConfig
 from shared.io.jsonl import write_jsonl
 from tests.ci_gate import need_module, unavailable
@@ -39,22 +38,7 @@ def base_config(run: str, tmp_path, **rollout) -> JetrlConfig:
 async def train(cfg: JetrlConfig, tmp_path, rows: list[dict]) -> list[tuple[dict, dict]]:
     """Run `cfg` on `rows` until the trainer's 2 steps; every recorded (sample, group) of the run."""
     data = write_jsonl(rows, tmp_path / "data" / "train.jsonl")
-    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False, with_eval=False))
-    try:
-        await launcher.start(timeout_s=240)
-        await launcher.enqueue(str(data))
-
-        async def done():
-            snap = await launcher.poll()
-            if launcher.sup.failure is not None:
-                raise AssertionError(launcher.sup.failure.message())
-            return launcher.trainer_done(snap) and snap
-
-        await poll_until(done, 300, "the trainer to finish 2 steps")
-        ledger = await launcher._check(await launcher.http.get(f"/v1/runs/{cfg.run}/ledger"))
-        page = await launcher._check(await launcher.http.get(f"/v1/runs/{cfg.run}/rollouts", params={"limit": 100}))
-    finally:
-        await launcher.stop()
+    _, ledger, page = await run_until_trained(cfg, tmp_path / "run", data, rollouts=100)
     assert ledger["trained"] >= 4 and int(ledger.get("dead_lettered", 0)) == 0, ledger
     return [(s, g) for g in page["items"] for s in g["samples"]]
 

@@ -17,7 +17,6 @@ from rollout_doubles import (
     ScriptedEngine,
     char_policy,
     char_tokenizer,
-    free_port,
     worker_config,
 )
 
@@ -29,6 +28,7 @@ from shared.config import JetrlConfig
 from shared.config.workflows import McpServerConfig, ToolsConfig
 from shared.contract.messages import PromptTask
 from shared.runtime.credentials import SecretFileError
+from shared.runtime.natsd import free_port
 
 HERE = Path(__file__).resolve().parent
 SERVER = str(HERE / "mcp_server_example.py")

@@ -20,6 +20,7 @@ import pytest
 from agent_helpers import agent_config, client_for, endpoint
 from ci_gate import need_module
 from rollout_doubles import QWEN_LIKE_TEMPLATE, ScriptedEngine, char_tokenizer
+from up_helpers import run_until_trained
 
 from shared.contract.messages import PromptTask
 from shared.runtime.natsd import free_port
@@ -294,8 +295,6 @@ def test_action_mapping_and_rendering():
 
 @pytest.mark.slow
 async def test_jetrl_up_trains_on_the_environments_rewards(server, tmp_path):
-    from launcher.plan import UpOptions
-    from launcher.up import Launcher, poll_until
     from shared.config import JetrlConfig
     from shared.io.jsonl import write_jsonl
     from shared.model.tinymodel import tiny_tokenizer_object
@@ -315,22 +314,7 @@ async def test_jetrl_up_trains_on_the_environments_rewards(server, tmp_path):
                     "sampling": {"max_new_tokens": 1, "temperature": 1.0, "allowed_token_ids": digits},
                     "agent": {"timeout_s": 60}},
     })
-    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False, with_eval=False))
-    try:
-        await launcher.start(timeout_s=240)
-        await launcher.enqueue(str(data))
-
-        async def done():
-            snap = await launcher.poll()
-            if launcher.sup.failure is not None:
-                raise AssertionError(launcher.sup.failure.message())
-            return launcher.trainer_done(snap) and snap
-
-        snap = await poll_until(done, 300, "the trainer to finish 2 steps")
-        ledger = await launcher._check(await launcher.http.get("/v1/runs/openenv/ledger"))
-        page = await launcher._check(await launcher.http.get("/v1/runs/openenv/rollouts", params={"limit": 50}))
-    finally:
-        await launcher.stop()
+    snap, ledger, page = await run_until_trained(cfg, tmp_path / "run", data, rollouts=50)
     assert len(snap["steps"]) >= 2 and int(ledger["trained"]) >= 2 * 2 and int(ledger.get("dead_lettered", 0)) == 0
     groups = page["items"]
     assert groups and all(g["workflow"] == "agent" for g in groups)

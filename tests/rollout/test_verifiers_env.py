@@ -14,6 +14,7 @@ import pytest
 from agent_helpers import agent_config, client_for, endpoint
 from ci_gate import need_module
 from rollout_doubles import ScriptedEngine, char_tokenizer
+from up_helpers import run_until_trained
 
 from rollout_service.agents.runners import task_json
 from rollout_service.agents.trajectory import episode_samples
@@ -184,8 +185,6 @@ async def test_clear_errors_for_an_unknown_env_and_a_row_without_its_fields(tmp_
 
 @pytest.mark.slow
 async def test_jetrl_up_trains_the_tiny_policy_on_the_adapter_with_the_environments_rewards(tmp_path):
-    from launcher.plan import UpOptions
-    from launcher.up import Launcher, poll_until
     from shared.config import JetrlConfig
     from shared.model.tinymodel import build_tokenizer
 
@@ -215,24 +214,8 @@ async def test_jetrl_up_trains_the_tiny_policy_on_the_adapter_with_the_environme
             },
         }
     )
-    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False, with_eval=False))
-    try:
-        await launcher.start(timeout_s=240)
-        await launcher.enqueue(str(tmp_path / "data" / "train.jsonl"))
-
-        async def done():
-            snap = await launcher.poll()
-            if launcher.sup.failure is not None:
-                raise AssertionError(launcher.sup.failure.message())
-            return launcher.trainer_done(snap) and snap
-
-        snap = await poll_until(done, 240, "the trainer to finish 2 steps")
-        ledger = await launcher._check(await launcher.http.get("/v1/runs/vfenv/ledger"))
-        page = await launcher._check(
-            await launcher.http.get("/v1/runs/vfenv/rollouts", params={"limit": 100})
-        )
-    finally:
-        await launcher.stop()
+    snap, ledger, page = await run_until_trained(cfg, tmp_path / "run", tmp_path / "data" / "train.jsonl",
+                                                 timeout_s=240, rollouts=100)
     assert len(snap["steps"]) >= 2 and ledger["trained"] >= 2 * 2 and int(ledger.get("dead_lettered", 0)) == 0
     samples = [(s, g) for g in page["items"] for s in g["samples"]]
     assert len(samples) >= 2 * 2 * 4
