@@ -12,9 +12,10 @@ import hmac
 import logging
 import os
 import re
-import stat
 import time
 from pathlib import Path
+
+from shared.runtime.credentials import check_private
 
 log = logging.getLogger("jetrl.online.keys")
 
@@ -23,11 +24,10 @@ MIN_KEY_CHARS = 16
 
 
 def read_key_file(path: Path) -> list[str]:
-    """The keys of one `<app>.key` file; ValueError naming the problem when it is not private, or holds a key
+    """The keys of one `<app>.key` file; ValueError (SecretFileError) naming the problem when it is not private
+    (shared/runtime/credentials.check_private), or holds a key
     shorter than MIN_KEY_CHARS or with whitespace inside. Blank lines and `#` comments are skipped."""
-    st = path.stat()
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(f"{path} is readable by others (mode {stat.S_IMODE(st.st_mode):o}): chmod 600 it")
+    check_private(path, "rollout.online.keys_dir")
     keys = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         key = line.strip()
@@ -64,26 +64,23 @@ class ClientKeys:
         self._checked = now
         seen: dict[Path, tuple] = {}
         for path in sorted(self.dir.glob("*.key")):
-            app = path.name[: -len(".key")]
-            if not APP_RE.fullmatch(app):
-                self.problems[path.name] = "the application name must be 1-64 of A-Z a-z 0-9 _ -"
-                continue
             try:
                 st = path.stat()
-            except OSError:
+            except OSError:  # gone since the listing
                 continue
             seen[path] = (st.st_size, st.st_mtime_ns, st.st_mode)
         if seen == self._seen:
             return
         keys: dict[str, list[str]] = {}
-        problems = {k: v for k, v in self.problems.items() if not k.endswith(".key") or (self.dir / k) in seen}
+        problems: dict[str, str] = {}  # every refused file, found again each time anything changed
         for path in seen:
             app = path.name[: -len(".key")]
             try:
+                if not APP_RE.fullmatch(app):
+                    raise ValueError("the application name must be 1-64 of A-Z a-z 0-9 _ -")
                 keys[app] = read_key_file(path)
-                problems.pop(path.name, None)
             except (OSError, ValueError) as exc:
-                if problems.get(path.name) != str(exc):
+                if self.problems.get(path.name) != str(exc):  # logged once, not at every re-read
                     log.error("online keys: %s refused: %s", path.name, exc)
                 problems[path.name] = str(exc)
         self._seen, self._keys, self.problems = seen, keys, problems

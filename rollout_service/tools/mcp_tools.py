@@ -20,9 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import re
-import stat
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -53,16 +51,9 @@ class McpTool:
 
 def bearer_token(path: str, label: str) -> str:
     """The token in `path`, which must not be readable by group or others."""
-    from shared.runtime.credentials import SecretFileError, read_secret
+    from shared.runtime.credentials import check_private, read_secret
 
-    try:
-        mode = os.stat(os.path.expanduser(path)).st_mode
-    except OSError as exc:
-        raise SecretFileError(f"{label}: cannot read {path!r}: {exc.strerror}") from None
-    if stat.S_IMODE(mode) & 0o077:
-        raise SecretFileError(f"{label}: {path!r} is readable by others (mode {stat.S_IMODE(mode):04o}); "
-                              "chmod 600 it")
-    return read_secret(path, label)
+    return read_secret(check_private(path, label), label)
 
 
 def render_content(result: Any) -> str:

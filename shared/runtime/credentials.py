@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,19 @@ def write_private(path: str | os.PathLike, text: str) -> Path:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
+    return p
+
+
+def check_private(path: str | os.PathLike, field: str) -> Path:
+    """`path` (user-expanded) if only its owner may read or write it; SecretFileError naming `field` otherwise
+    (unreadable, or a group / other permission bit set)."""
+    p = Path(path).expanduser()
+    try:
+        mode = stat.S_IMODE(p.stat().st_mode)
+    except OSError as exc:
+        raise SecretFileError(f"{field}: cannot read {str(path)!r}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise SecretFileError(f"{field}: {str(path)!r} is readable by others (mode {mode:04o}); chmod 600 it")
     return p
 
 

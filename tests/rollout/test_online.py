@@ -107,6 +107,9 @@ def test_keys_must_be_private_and_are_reread_when_they_change(tmp_path):
     keys = ClientKeys(tmp_path, recheck_s=0)
     assert keys.app_for(KEY_A) == "appa" and keys.app_for(KEY_B) is None and keys.app_for("x" * 30) is None
     assert "chmod 600" in keys.problems["loose.key"]
+    write_key(tmp_path, "bad name", KEY_B)
+    keys.refresh(force=True)
+    assert "application name" in keys.problems["bad name.key"] and "chmod 600" in keys.problems["loose.key"]
     with pytest.raises(ValueError, match="at least 16"):
         read_key_file(write_key(tmp_path, "short", "tooshort"))
     os.chmod(loose, 0o600)
