@@ -30,13 +30,13 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import uvicorn
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollout_service.agents.api import BadRequest, error_body
 from rollout_service.agents.app import build_routes, wrap
+from rollout_service.agents.server import AgentServer
 from rollout_service.agents.session import SessionStore
 from rollout_service.online.groups import MovingBaseline, build_group
 from rollout_service.online.keys import ClientKeys
@@ -101,9 +101,9 @@ class OnlineServer:
         self.counts: Counter = Counter()
         self.on_count = None  # (outcome, n) -> None: the worker's Prometheus counter
         self._lock = asyncio.Lock()  # rewards, grouping and expiry one at a time
-        self.server: uvicorn.Server | None = None
+        # rollout.agent's host, port and public_url, served as the episode endpoint is (agents/server.py)
+        self.http = AgentServer(ctx, self.store, lambda store: self.build_app())
         self.base_url = ""
-        self._task: asyncio.Task | None = None
 
     # --- bookkeeping -----------------------------------------------------------------------------
     def count(self, outcome: str, n: int = 1) -> None:
@@ -248,19 +248,7 @@ class OnlineServer:
         if self.store.sessions:
             log.info("online: took over %d session record(s) of run %s", len(self.store.sessions), self.run)
         await self.sweep()
-        app = self.build_app()
-        config = uvicorn.Config(app, host=agent.host, port=agent.port, log_level="warning", lifespan="off",
-                                access_log=False, timeout_keep_alive=30)
-        self.server = uvicorn.Server(config)
-        self.server.install_signal_handlers = lambda: None
-        self._task = asyncio.create_task(self.server.serve(), name="jetrl-online-endpoint")
-        while not self.server.started:
-            if self._task.done():
-                raise RuntimeError(f"rollout.agent: the online endpoint could not listen on {agent.host}:{agent.port}")
-            await asyncio.sleep(0.01)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.base_url = (agent.public_url or f"http://{agent.host}:{port}").rstrip("/")
-        self.store.base_url = self.base_url
+        self.base_url = await self.http.start()
         log.info("online endpoint on %s (applications: %s)", self.base_url, ", ".join(self.keys.apps) or "none yet")
         return self.base_url
 
@@ -276,11 +264,7 @@ class OnlineServer:
                     log.warning("online: sweep failed: %s: %s", type(exc).__name__, exc)
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.should_exit = True
-        if self._task is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(self._task, 10)
+        await self.http.close()
 
     # --- HTTP ------------------------------------------------------------------------------------
     def build_app(self):
