@@ -52,7 +52,6 @@ class OnlineSession(Session):
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     rewarded_at: float | None = None
-    revision: int | None = None  # of its KV entry, for writes that must not lose a concurrent one
 
     @property
     def open_for_calls(self) -> bool:
@@ -76,10 +75,12 @@ class OnlineSession(Session):
 
 
 class SessionRecords:
-    """The run's session records in the KV bucket (shared/contract/bus.ensure_sessions_kv creates it)."""
+    """The run's session records in the KV bucket (shared/contract/bus.ensure_sessions_kv creates it); sessions
+    loaded from them get `max_calls` and `max_sequences` (rollout.agent's)."""
 
-    def __init__(self, js, run: str, max_bytes: int):
+    def __init__(self, js, run: str, max_bytes: int, max_calls: int, max_sequences: int):
         self.js, self.run, self.max_bytes = js, run, max_bytes
+        self.max_calls, self.max_sequences = max_calls, max_sequences
         self.kv = None
 
     async def open(self) -> None:
@@ -94,23 +95,22 @@ class SessionRecords:
         return data
 
     async def save(self, s: OnlineSession) -> None:
-        s.revision = await self.kv.put(subjects.session_key(self.run, s.id), self.encode(s))
+        await self.kv.put(subjects.session_key(self.run, s.id), self.encode(s))
 
     async def delete(self, sid: str) -> None:
         await self.kv.delete(subjects.session_key(self.run, sid))
 
-    async def load(self, sid: str, max_calls: int, max_sequences: int) -> OnlineSession | None:
+    def decode(self, value: bytes) -> OnlineSession:
+        return OnlineSession.from_record(msgpack.unpackb(value, raw=False), self.max_calls, self.max_sequences)
+
+    async def load(self, sid: str) -> OnlineSession | None:
         try:
             entry = await self.kv.get(subjects.session_key(self.run, sid))
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
-        if not entry.value:
-            return None
-        s = OnlineSession.from_record(msgpack.unpackb(entry.value, raw=False), max_calls, max_sequences)
-        s.revision = entry.revision
-        return s
+        return self.decode(entry.value) if entry.value else None
 
-    async def load_all(self, max_calls: int, max_sequences: int) -> list[OnlineSession]:
+    async def load_all(self) -> list[OnlineSession]:
         """Every record of the run (a worker starting up takes over the sessions a dead one left)."""
         out = []
         watcher = await self.kv.watch(f"{self.run}.*", ignore_deletes=True)
@@ -119,9 +119,7 @@ class SessionRecords:
                 if entry is None:  # the initial values are all delivered
                     break
                 if entry.value:
-                    s = OnlineSession.from_record(msgpack.unpackb(entry.value, raw=False), max_calls, max_sequences)
-                    s.revision = entry.revision
-                    out.append(s)
+                    out.append(self.decode(entry.value))
         finally:
             await watcher.stop()
         return out

@@ -94,7 +94,7 @@ class OnlineServer:
                              "(mode 0600, one key per line)")
         self.keys = ClientKeys(self.cfg.keys_dir)
         self.limits = AppLimits(self.cfg.requests_per_min, self.cfg.tokens_per_min)
-        self.records = SessionRecords(js, run, self.cfg.max_record_bytes)
+        self.records = SessionRecords(js, run, self.cfg.max_record_bytes, agent.max_calls, agent.max_session_sequences)
         self.store = OnlineStore(self, agent.max_calls, agent.max_session_sequences)
         self.baseline = MovingBaseline(self.cfg.baseline_window)
         self.publish, self.emit = publish, emit
@@ -122,8 +122,7 @@ class OnlineServer:
             return None
         s = self.store.get(sid)
         if s is None:
-            agent = self.ctx.cfg.rollout.agent
-            s = await self.records.load(sid, agent.max_calls, agent.max_session_sequences)
+            s = await self.records.load(sid)
             if s is None:
                 return None
             self.store.sessions.setdefault(sid, s)
@@ -242,8 +241,7 @@ class OnlineServer:
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> str:
         await self.records.open()
-        agent = self.ctx.cfg.rollout.agent
-        for s in await self.records.load_all(agent.max_calls, agent.max_session_sequences):
+        for s in await self.records.load_all():
             self.store.sessions[s.id] = s
         if self.store.sessions:
             log.info("online: took over %d session record(s) of run %s", len(self.store.sessions), self.run)

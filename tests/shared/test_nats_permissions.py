@@ -287,15 +287,15 @@ async def test_rollout_credential_keeps_its_runs_online_session_records_only(ser
 
     await setup_streams(server)
     async with as_role(server, "rollout") as w:
-        records = SessionRecords(w.js, RUN, max_bytes=1 << 20)
+        records = SessionRecords(w.js, RUN, max_bytes=1 << 20, max_calls=4, max_sequences=1)
         await records.open()
         s = OnlineSession(id="a" * 32, key="", task=None, index=0, max_calls=4, app="appa")
         await records.save(s)
-        assert (await records.load(s.id, 4, 1)).app == "appa"
-        assert [x.id for x in await records.load_all(4, 1)] == [s.id]
+        assert (await records.load(s.id)).app == "appa"
+        assert [x.id for x in await records.load_all()] == [s.id]
         await records.delete(s.id)
-        assert await records.load(s.id, 4, 1) is None
-        other = SessionRecords(w.js, OTHER, max_bytes=1 << 20)
+        assert await records.load(s.id) is None
+        other = SessionRecords(w.js, OTHER, max_bytes=1 << 20, max_calls=4, max_sequences=1)
         await other.open()
         assert await denied(w, other.save(s))
         assert await denied(w, other.kv.get(subjects.session_key(OTHER, s.id)))
