@@ -195,28 +195,26 @@ async def wait_for_streams(js: JetStreamContext, poll_s: float = 0.5, warn_every
         await asyncio.sleep(poll_s)
 
 
-async def ensure_weights_kv(js: JetStreamContext, cfg: StreamsConfig):
-    storage = api.StorageType.FILE if cfg.storage == "file" else api.StorageType.MEMORY
+async def _ensure_kv(js: JetStreamContext, cfg: StreamsConfig, bucket: str, **config):
+    """The KV bucket `bucket`, created with `config` (and the streams' storage and replicas) if it is missing."""
     try:
-        return await js.key_value(subjects.WEIGHTS_KV_BUCKET)
+        return await js.key_value(bucket)
     except (NotFoundError, nats.js.errors.BucketNotFoundError):
-        return await js.create_key_value(
-            api.KeyValueConfig(bucket=subjects.WEIGHTS_KV_BUCKET, history=16, storage=storage,
-                               replicas=cfg.replicas)
-        )
+        storage = api.StorageType.FILE if cfg.storage == "file" else api.StorageType.MEMORY
+        return await js.create_key_value(api.KeyValueConfig(bucket=bucket, storage=storage, replicas=cfg.replicas,
+                                                            **config))
+
+
+async def ensure_weights_kv(js: JetStreamContext, cfg: StreamsConfig):
+    return await _ensure_kv(js, cfg, subjects.WEIGHTS_KV_BUCKET, history=16)
 
 
 async def ensure_sessions_kv(js: JetStreamContext, cfg: StreamsConfig):
     """The online sessions' bucket (rollout_service/online/records.py): one value per key, kept at most
-    streams.sessions_max_age_s (serve-policy deletes them sooner: online.session_ttl_s)."""
-    storage = api.StorageType.FILE if cfg.storage == "file" else api.StorageType.MEMORY
-    try:
-        return await js.key_value(subjects.SESSIONS_KV_BUCKET)
-    except (NotFoundError, nats.js.errors.BucketNotFoundError):
-        return await js.create_key_value(
-            api.KeyValueConfig(bucket=subjects.SESSIONS_KV_BUCKET, history=1, storage=storage, replicas=cfg.replicas,
-                               ttl=cfg.sessions_max_age_s, max_value_size=cfg.max_msg_size,
-                               direct=True))  # gets by subject: permissions scope them to a run's keys
+    streams.sessions_max_age_s (serve-policy deletes them sooner: online.session_ttl_s); direct gets by
+    subject, so permissions scope them to a run's keys."""
+    return await _ensure_kv(js, cfg, subjects.SESSIONS_KV_BUCKET, history=1, ttl=cfg.sessions_max_age_s,
+                            max_value_size=cfg.max_msg_size, direct=True)
 
 
 # --- publish --------------------------------------------------------------------------------------
