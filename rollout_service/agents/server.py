@@ -8,7 +8,7 @@ import logging
 
 import uvicorn
 
-from rollout_service.agents.app import build_app as build_app_of
+from rollout_service.agents.app import build_app
 from rollout_service.agents.session import SessionStore
 from rollout_service.workflows.base import WorkflowContext
 
@@ -17,20 +17,20 @@ log = logging.getLogger("jetrl.rollout.agents")
 
 class AgentServer:
     """`await start()` binds rollout.agent.host:port (0 = a free port) and sets `store.base_url`. `store` and
-    `build_app` (store -> ASGI app) replace the episode endpoint's: the online endpoint serves its own."""
+    `app_factory` (store -> ASGI app) replace the episode endpoint's: the online endpoint serves its own."""
 
-    def __init__(self, ctx: WorkflowContext, store: SessionStore | None = None, build_app=None):
+    def __init__(self, ctx: WorkflowContext, store: SessionStore | None = None, app_factory=None):
         self.ctx = ctx
         self.cfg = ctx.cfg.rollout.agent
         self.store = store or SessionStore(self.cfg.max_calls, self.cfg.max_session_sequences)
-        self._build_app = build_app or (lambda store: build_app_of(ctx, store))
+        self._app_factory = app_factory
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task | None = None
         self.port = 0
         self.nc = None  # the worker's NATS connection (agent services take episodes over it)
 
     async def start(self) -> str:
-        app = self._build_app(self.store)
+        app = self._app_factory(self.store) if self._app_factory else build_app(self.ctx, self.store)
         config = uvicorn.Config(app, host=self.cfg.host, port=self.cfg.port, log_level="warning", lifespan="off",
                                 access_log=False, timeout_keep_alive=30)
         self.server = uvicorn.Server(config)
