@@ -27,6 +27,7 @@ from controller.metrics import LatencyMiddleware
 from controller.routes import (
     dashboard,
     datasets,
+    diagnosis,
     enqueues,
     events,
     health,
@@ -44,7 +45,7 @@ log = logging.getLogger("jetrl.controller.api")
 
 OPEN_PATHS = ("/v1/health", "/")  # + /static/ (the dashboard); /openapi.json needs the token like /v1
 # In this order: the spec lists paths in it, and a 405's Allow header names the first route a path matches.
-V1_ROUTERS = (datasets, runs, enqueues, progress, prompts, rollouts, events, health)
+V1_ROUTERS = (datasets, runs, enqueues, progress, prompts, rollouts, events, diagnosis, health)
 
 
 def make_app(ctl: Controller) -> FastAPI:

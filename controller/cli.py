@@ -197,7 +197,43 @@ def status_cmd(
                        f"({s['age_s']:.0f} s ago)")
 
 
+def why_cmd(
+    run: str = typer.Argument(None, help="Run id (default: the config's run)."),
+    url: str = typer.Option("", help="Controller URL (default: controller.url of the config)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnosis (and its evidence) as JSON."),
+    token: str = typer.Option("", envvar="JETRL_TOKEN", help="Bearer token (default: controller.token[_file])."),
+    config: str = CONFIG_OPTION,
+) -> None:
+    """Say why a run is not advancing, or that it is, and what to do (GET /v1/runs/{run}/diagnosis).
+    Exit code 0 when the run advances, is starting or is complete; 1 when it is stalled or paused."""
+    # the evidence quotes services' error texts: printed without control characters
+    from controller.no_signal import printable
+
+    cfg = load_or_exit(config, [])
+    run = run or cfg.run
+    import httpx
+
+    url = url or cfg.controller.url
+    try:
+        with _client(url, token or _config_token(cfg)) as c:
+            d = _check(c.get(f"/v1/runs/{run}/diagnosis", params={"evidence": as_json}))
+    except httpx.HTTPError as exc:
+        typer.secho(f"cannot reach the controller at {url}: {type(exc).__name__}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(d, indent=2, default=str))
+    else:
+        typer.echo(f"{run}: {printable(d['summary'])}")
+        for f in d["findings"]:
+            color = {"error": "red", "warning": "yellow"}.get(f["severity"])
+            typer.secho(f"  [{f['cause']}] {printable(f['summary'])}", fg=color)
+            typer.echo(f"      what to do: {printable(f['action'])}")
+    if d["state"] in ("stalled", "paused"):
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     app.command("controller")(controller_cmd)
     app.command("enqueue")(enqueue_cmd)
     app.command("status")(status_cmd)
+    app.command("why")(why_cmd)

@@ -1,4 +1,5 @@
-"""The controller process: database, NATS connection, and one releaser + bus follower per run.
+"""The controller process: database, NATS connection, and per run a releaser, a bus follower and a
+completion watch (completion.py).
 
 `Controller(cfg)` opens the database (schema created at start-up). `await start()` connects to NATS
 in the background (the REST API answers meanwhile; health says "connecting"), makes sure the streams
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from controller.completion import CompletionWatch
 from controller.datasets import DatasetReader, private_dir
 from controller.db import Dataset, Run, open_database
 from controller.follower import RunFollower
@@ -44,6 +46,8 @@ class Controller:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.releasers: dict[str, RunReleaser] = {}
         self.followers: dict[str, RunFollower] = {}
+        self.watches: dict[str, CompletionWatch] = {}  # drain / run_complete (completion.py)
+        self._watch_tasks: list[asyncio.Task] = []
         self._tasks: dict[str, asyncio.Task] = {}
         self._readers: dict[int, tuple[DatasetReader, str, str]] = {}
         self._readers_lock = threading.Lock()
@@ -80,6 +84,10 @@ class Controller:
             r.stop()
         for f in self.followers.values():
             await f.stop()
+        for w in self.watches.values():
+            w.stop()
+        if self._watch_tasks:
+            await asyncio.wait(self._watch_tasks, timeout=10.0)
         if self._tasks:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         if self.nc is not None:
@@ -109,6 +117,9 @@ class Controller:
             fol.start()
         else:
             self.followers[run_id].releaser = rel
+        if run_id not in self.watches:
+            self.watches[run_id] = CompletionWatch(self, run_id)
+            self._watch_tasks.append(asyncio.create_task(self.watches[run_id].run()))
 
     async def _supervise(self, rel: RunReleaser) -> None:
         """Run a releaser; one that crashed (database down, a bug) starts over after a pause: the ledger

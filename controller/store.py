@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from controller import ledger, no_signal
+from controller import completion, ledger, no_signal
 from controller.datasets import Normalized
 from controller.db import Dataset, Enqueue, EventRow, Health, Metric, Run, WeightVersionRow, now
 from shared.config import JetrlConfig
@@ -120,12 +120,12 @@ def run_dict(s: Session, r: Run) -> dict:
     ms, bs, total = sched.get("max_staleness", 4), sched.get("batch_size", 8), sched.get("total_steps", 0)
     every = cfg.get("trainer", {}).get("publish_every", 1)
     step = ledger.announced_step(s, r.id, r.current_version)
-    summ = ledger.summary(s, r.id)
-    enq_total = s.scalar(select(func.coalesce(func.sum(Enqueue.total), 0)).where(Enqueue.run_id == r.id)) or 0
+    prog = completion.progress(s, r.id)
     return {"id": r.id, "status": r.status, "created_at": r.created_at, "updated_at": r.updated_at,
             "current_version": r.current_version, "max_staleness": ms, "batch_size": bs,
             "current_step": step, "admission_bound": ledger.admission_bound(step, ms, bs, total, every),
-            "enqueued": int(enq_total), "ledger": summ, "signal": no_signal.state(s, r.id)}
+            "enqueued": prog["enqueued"], "ledger": prog["ledger"], "signal": no_signal.state(s, r.id),
+            "progress": {"state": prog["state"], "complete": prog["state"] == "complete"}}
 
 
 def get_run(s: Session, run_id: str) -> Run:

@@ -222,6 +222,11 @@ class Launcher:
         st = snap.get("children", {}).get("trainer", {})
         return bool(total and st.get("finished") and st.get("last_exit") == 0)
 
+    @staticmethod
+    def run_complete(snap: dict) -> bool:
+        """The controller says every enqueued prompt is released and decided (controller/completion.py)."""
+        return bool(((snap.get("run") or {}).get("progress") or {}).get("complete"))
+
     async def stop_child(self, name: str, timeout_s: float = 60.0) -> None:
         """SIGTERM one child and wait for it; it is not restarted."""
         import signal
@@ -253,8 +258,9 @@ def endpoints_text(launcher: Launcher) -> str:
 
 async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None, epochs: int = 1,
                   shuffle_seed: int | None = None, keep_running: bool = False, panel: bool = True) -> int:
-    """`jetrl up`: start everything, optionally enqueue a dataset, show the panel until Ctrl-C or the
-    trainer finished schedule.total_steps; then stop everything cleanly."""
+    """`jetrl up`: start everything, optionally enqueue a dataset, show the panel until Ctrl-C, the
+    trainer finished schedule.total_steps or the run is complete (its data all decided, completion.py);
+    then stop everything cleanly."""
     import signal
 
     from rich.console import Console
@@ -304,6 +310,12 @@ async def up_main(cfg: JetrlConfig, opts: UpOptions, dataset: str | None = None,
                     raise RuntimeError(launcher.sup.failure.message())
                 if launcher.trainer_done(snap) and not keep_running:
                     console.print(f"trainer finished {launcher.resolved.schedule.total_steps} steps")
+                    break
+                if launcher.run_complete(snap) and not keep_running:
+                    led = snap["run"]["ledger"]
+                    console.print(f"run complete: every enqueued prompt is decided ({led['trained']} trained, "
+                                  f"{led['dropped_stale']} dropped as stale, {led['filtered']} filtered, "
+                                  f"{led['dead_lettered']} dead-lettered)")
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)

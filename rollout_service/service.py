@@ -34,6 +34,7 @@ from shared.config import JetrlConfig
 from shared.contract import bus, consumer, subjects
 from shared.contract.messages import PromptTask, TrajectoryGroup
 from shared.runtime.telemetry import Rate, start_metrics
+from shared.runtime.waits import Phase
 
 log = logging.getLogger("jetrl.rollout")
 
@@ -93,6 +94,9 @@ class RolloutWorker:
         self.published = 0
         self.samples_drawn = 0  # every sample generated and scored, adaptive sampling's extra rounds included
         self.errors = 0
+        self.last_error: str | None = None  # the last failed task (its health events carry it: jetrl why)
+        self.last_error_at: float | None = None
+        self.fetch_wait = Phase("weights current")  # a weight fetch retried (telemetry.wait_deadline_s)
         self.nc = self.js = self.loop = self.follower = self.ctx = self.events = self.agents = None
         self._shared_nc = nc
         self._pending_ids: list[str] = []
@@ -353,6 +357,7 @@ class RolloutWorker:
             raise
         except Exception as exc:
             self.errors += 1
+            self.last_error, self.last_error_at = f"{type(exc).__name__}: {exc}"[:1000], time.time()
             self.metrics.errors.inc()
             log.warning("task %s failed: %s: %s", task.group_id, type(exc).__name__, exc)
             raise
@@ -412,7 +417,27 @@ class RolloutWorker:
         }
 
     def _health(self) -> dict[str, Any]:
-        return {"status": "ok", "instance": self.instance, "version": self.engine.version}
+        """The health event: what `jetrl why` reads (controller/evidence.py)."""
+        f = self.follower
+        return {"status": "ok", "instance": self.instance, "version": self.engine.version,
+                "announced": f.latest if f else None, "fetch_error": f.fetch_error if f else None,
+                "in_flight": self.in_flight, "last_error": self.last_error, "last_error_at": self.last_error_at,
+                "online": self.online is not None}
+
+    async def _check_waits(self) -> None:
+        """A weight fetch failing past telemetry.wait_deadline_s: a wait_deadline event (and again each deadline)."""
+        f = self.follower
+        if f is None:
+            return
+        if f.fetch_error:
+            self.fetch_wait.enter(f"retrying the fetch of version {f.latest}", f.fetch_error)
+        else:
+            self.fetch_wait.enter("weights current")
+            return
+        late = self.fetch_wait.overdue(self.cfg.telemetry.wait_deadline_s)
+        if late is not None:
+            log.warning("weight fetch failing for %.0f s: %s", late["waited_s"], f.fetch_error)
+            await self.events.emit("wait_deadline", {**late, "error": f.fetch_error, "worker": self.instance})
 
     async def _telemetry(self) -> None:
         last = {"tokens": 0, "swaps": 0, "tool_calls": 0, "tool_errors": 0}
@@ -438,6 +463,7 @@ class RolloutWorker:
                 next_event = time.monotonic() + interval
                 await self.events.emit("metrics", snap)
                 await self.events.emit("health", self._health())
+                await self._check_waits()
 
 
 async def serve(cfg: JetrlConfig, **parts: Any) -> None:

@@ -52,6 +52,7 @@ class WeightFollower:
         self.on_swap = on_swap  # told the fetch and swap seconds of every version swapped in
         self.latest = -1  # newest announced version seen (-1: none yet)
         self.swaps = 0
+        self.fetch_error: str | None = None  # the last fetch failure while it is retried (None: fetching works)
         self.retry_s, self.max_retry_s = retry_s, max_retry_s
         self._changed = asyncio.Event()
         self._swapped = asyncio.Event()  # set (and replaced) at every swap
@@ -126,6 +127,7 @@ class WeightFollower:
                     await self.engine.update_weights(target, path=str(path))
                     t2 = time.perf_counter()
                     self.swaps += 1
+                    self.fetch_error = None
                     self._swapped.set()
                     self._swapped = asyncio.Event()
                     log.info("run %s: engine now on version %d (fetch %.3fs, swap %.3fs)", self.run_id, target,
@@ -136,8 +138,10 @@ class WeightFollower:
                 except asyncio.CancelledError:
                     raise
                 except AnnouncementRefused as exc:
+                    self.fetch_error = None
                     await self._refuse(target, f"{exc.code}: {exc.message}")
                 except Exception as exc:
+                    self.fetch_error = f"version {target}: {type(exc).__name__}: {exc}"[:1000]
                     log.warning("run %s: could not load version %d (%s: %s); retrying in %.1fs", self.run_id,
                                 target, type(exc).__name__, exc, delay)
                     await asyncio.sleep(delay)

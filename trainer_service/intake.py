@@ -37,6 +37,7 @@ class Batch:
     filtered: list[str] = field(default_factory=list)  # group ids without a reward spread, not trained
     filtered_reasons: dict[str, str] = field(default_factory=dict)  # group id -> why (the ledger keeps it)
     staleness_hist: Counter = field(default_factory=Counter)  # staleness of trained samples
+    partial: bool = False  # the run's last batch, smaller than batch_size (Intake.take_partial)
 
 
 @dataclass
@@ -135,22 +136,31 @@ class Intake:
 
     # --- batching -------------------------------------------------------------------------------
 
-    def _try_batch(self, version: int) -> Batch | None:
+    def _drop_stale(self, version: int) -> None:
+        """Drop the buffered groups that can never become fresh again (reported with the next batch)."""
         s = self.cfg.schedule
         still: list[tuple[int, TrajectoryGroup]] = []
         for seq, g in self.buffer:
             if any(is_fresh(version, x, s.max_staleness) for x in g.samples):
                 still.append((seq, g))
-            else:  # can never become fresh again: dropped now, reported with the next batch
+            else:
                 self.dropped_stale.append(g.group_id)
                 self.dropped_stale_samples += len(g.samples)
                 self._finish(g.group_id)
         self.buffer = still
-        if len(still) < s.batch_size:
+
+    def _try_batch(self, version: int) -> Batch | None:
+        s = self.cfg.schedule
+        self._drop_stale(version)
+        if len(self.buffer) < s.batch_size:
             return None
-        picked = set(urgency_order([g.samples for _, g in still])[: s.batch_size])
-        take = [x for i, x in enumerate(still) if i in picked]
-        self.buffer = [x for i, x in enumerate(still) if i not in picked]
+        picked = set(urgency_order([g.samples for _, g in self.buffer])[: s.batch_size])
+        take = [x for i, x in enumerate(self.buffer) if i in picked]
+        self.buffer = [x for i, x in enumerate(self.buffer) if i not in picked]
+        return self._batch_of(take, version)
+
+    def _batch_of(self, take: list[tuple[int, TrajectoryGroup]], version: int) -> Batch:
+        s = self.cfg.schedule
         batch = self._outcomes()
         for _, g in take:
             fresh = [x for x in g.samples if is_fresh(version, x, s.max_staleness)]
@@ -160,6 +170,25 @@ class Intake:
             for x in fresh:
                 batch.staleness_hist[staleness(version, x)] += 1
             self._finish(g.group_id)
+        return batch
+
+    def held(self) -> set[str]:
+        """The ids of the groups in the buffer."""
+        return {g.group_id for _, g in self.buffer}
+
+    def decided(self, group_id: str) -> bool:
+        """Whether the group was trained, dropped, filtered or skipped here (within the dedup window)."""
+        return group_id in self.finished
+
+    def take_partial(self, version: int) -> Batch | None:
+        """Everything buffered as one batch, smaller than `batch_size` (the run's data ended: drain.py),
+        or None when nothing fresh is left."""
+        self._drop_stale(version)
+        if not self.buffer:
+            return None
+        take, self.buffer = self.buffer, []
+        batch = self._batch_of(take, version)
+        batch.partial = True
         return batch
 
     def take_outcomes(self) -> Batch | None:

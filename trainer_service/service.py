@@ -27,9 +27,11 @@ from shared.config import JetrlConfig
 from shared.contract import bus
 from shared.contract.messages import TrajectoryGroup
 from shared.runtime.telemetry import start_metrics
+from shared.runtime.waits import WAITING_FOR_WORK, Phase
 from trainer_service import checkpoint, memory, metrics, timings
 from trainer_service.algorithms.advantages import DrawStats, group_advantages
 from trainer_service.algorithms.staleness import rewards_all_equal
+from trainer_service.drain import DrainWatch
 from trainer_service.intake import Batch, Intake, IntakeState
 from trainer_service.packing import TrainItem
 from trainer_service.publish import (
@@ -185,6 +187,8 @@ class Trainer:
         self._pending_publish: asyncio.Task | None = None  # trainer.publish_overlap's upload in flight
         self.signal = SignalWatch(cfg.trainer.no_signal_groups or 3 * cfg.schedule.batch_size)
         self._store_s = 0.0  # seconds the last publish took to write, upload and announce
+        self.phase = Phase()  # what rank 0 is doing now, in its health events (shared/runtime/waits.py)
+        self.publish_error: str | None = None  # the last failed publish attempt, while it is retried
 
     def _run(self, fn, args: dict) -> Any:
         self.backend.broadcast({"kind": KIND[fn], **args})  # the followers run it too (follow -> execute)
@@ -223,6 +227,7 @@ class Trainer:
         """Wait for a background publish; its failure is raised here."""
         task, self._pending_publish = self._pending_publish, None
         if task is not None:
+            self.phase.enter("publishing")
             await task
 
     async def _store(self, version: int, step: int, state: list[dict] | StagedVersion) -> None:
@@ -236,6 +241,7 @@ class Trainer:
         staged = state if isinstance(state, StagedVersion) else await asyncio.to_thread(self._stage, state)
         try:
             wv = await self._send(version, step, staged)
+            self.publish_error = None
         finally:
             staged.discard()
         self._store_s = time.perf_counter() - t0
@@ -259,6 +265,7 @@ class Trainer:
             except Exception as exc:
                 if not retryable_publish_error(exc) or self._stop.is_set():
                     raise
+                self.publish_error = f"version {version}: {type(exc).__name__}: {exc}"[:1000]
                 log.warning("publishing version %d failed (%s: %s); retrying in %.1fs", version,
                             type(exc).__name__, exc, delay)
                 await asyncio.sleep(delay)
@@ -266,6 +273,7 @@ class Trainer:
 
     async def _checkpoint(self) -> None:
         await self._published()  # the checkpoint's version is announced before the checkpoint names it
+        self.phase.enter("checkpointing")
         pos = self.intake.position()
         extra = {"version": self.version, "step": self.step, "intake_position": pos.position,
                  "finished_groups": pos.finished, "run": self.cfg.run, "time": time.time()}
@@ -339,9 +347,17 @@ class Trainer:
                  ck or "the configured weights (no checkpoint)", weights_version, self.step, self.version + 1)
 
     async def _health(self) -> None:
+        tel = self.cfg.telemetry
         while True:
-            await self.events.emit("health", {"status": "ok", "instance": self.instance, "version": self.version})
-            await asyncio.sleep(self.cfg.telemetry.events_interval_s)
+            held = len(self.intake.buffer) if self.intake is not None else 0
+            data = {"status": "ok", "instance": self.instance, "version": self.version, "step": self.step,
+                    "held_groups": held, "publish_error": self.publish_error, **self.phase.report()}
+            await self.events.emit("health", data)
+            late = self.phase.overdue(tel.wait_deadline_s)
+            if late is not None:  # the evidence `jetrl why` reads (controller/diagnosis.py)
+                log.warning("trainer: %s for %.0f s (%s)", late["phase"], late["waited_s"], late["detail"] or "-")
+                await self.events.emit("wait_deadline", {**late, "error": self.publish_error, "held_groups": held})
+            await asyncio.sleep(tel.events_interval_s)
 
     async def _train(self, batch: Batch, t_batch: float) -> None:
         """One step of `batch`, which formed at perf_counter `t_batch` (timings.py names the stages)."""
@@ -349,6 +365,7 @@ class Trainer:
         t0 = time.perf_counter()
         items = batch_items(batch, self.cfg)
         t1 = time.perf_counter()
+        self.phase.enter("training")
         stats = await self.on_all_ranks(train, items=items)
         self.step += 1
         metrics.STEPS.inc()
@@ -356,6 +373,7 @@ class Trainer:
         if self.step % self.cfg.trainer.publish_every == 0:
             await self._published()
             self.version += 1
+            self.phase.enter("publishing")
             await self._publish(overlap=self.cfg.trainer.publish_overlap)
         t3 = time.perf_counter()
         carried, self._carry = self._carry, {}
@@ -378,7 +396,8 @@ class Trainer:
         trained = [g.group_id for g in batch.groups]
         spreads = [group_has_spread(g) for g in batch.groups]
         data = {"version": self.version, "step": self.step, "loss": stats["loss"], "reward_mean": reward_mean,
-                "samples": len(items), "groups": len(trained), "dropped_stale_samples": batch.dropped_stale_samples,
+                "samples": len(items), "groups": len(trained), "partial": batch.partial,
+                "dropped_stale_samples": batch.dropped_stale_samples,
                 "groups_with_signal": sum(spreads), "samples_trained": len(items),
                 "samples_drawn": sum(samples_drawn(g) for g in batch.groups),
                 "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, **stats,
@@ -436,14 +455,17 @@ class Trainer:
         self.last_checkpoint_step = -1
         health = None
         self.intake = None
+        self.drain = DrainWatch(cfg.run)
         try:
             state = await self._start_state(resume)
             self.intake = Intake(cfg, self.js, self.nc, state)
             await self.intake.start()
+            await self.drain.start(self.js)
             await self.events.emit("started", {"version": self.version, "step": self.step, "instance": self.instance})
             health = asyncio.create_task(self._health())
             self._t_mark, self._carry = time.perf_counter(), {}
             while not self._done():
+                self.phase.enter(WAITING_FOR_WORK, f"holding {len(self.intake.buffer)} of {cfg.schedule.batch_size} groups")
                 stop_wait = asyncio.create_task(self._stop.wait())
                 get = asyncio.create_task(self.intake.next_batch(self.version, timeout_s=NOOP_AFTER_S))
                 await asyncio.wait({stop_wait, get}, return_when=asyncio.FIRST_COMPLETED)
@@ -452,6 +474,12 @@ class Trainer:
                     get.cancel()
                     break
                 batch = get.result()
+                if batch is None and self.drain.ready(self.intake.held(), self.intake.decided):
+                    batch = self.intake.take_partial(self.version)  # the run's data ended (drain.py)
+                    self.drain.consumed()
+                    if batch is not None:
+                        log.info("the run's prompts are all released: training the last %d group(s) as a "
+                                 "smaller batch (batch_size %d)", len(batch.groups), cfg.schedule.batch_size)
                 if batch is None:
                     await self.on_all_ranks(noop)
                     await self._report_outcomes()
@@ -467,6 +495,7 @@ class Trainer:
                     await self._pending_publish
             if health is not None:
                 health.cancel()
+            await self.drain.stop()
             if self.intake is not None:
                 await self.intake.stop()
             await self.stop_followers()

@@ -20,6 +20,7 @@ error handlers and the routers of weight_store/routes/ (one module per resource)
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from pathlib import Path
@@ -74,6 +75,17 @@ def create_app(cfg: WeightStoreConfig) -> FastAPI:
     @app.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError):
         return refuse(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(OSError)
+    async def _os_error(request: Request, exc: OSError):
+        # a full disk is named (507: the writer retries; `jetrl why` reads the message), any other I/O
+        # failure is a 500 with its error number, never the path layout of the store
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            log.error("weight store disk full: %s", exc)
+            return refuse(507, "no_space", f"the weight store's disk is full ({exc.strerror}): free space under "
+                          "weights.root or lower weights.keep_last")
+        log.exception("I/O error serving %s", request.url.path)
+        return refuse(500, "io_error", f"I/O error {errno.errorcode.get(exc.errno or 0, exc.errno)} in the weight store")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

@@ -174,10 +174,12 @@ async def run_demo(opts: DemoOptions, console) -> tuple[int, dict | None]:
     run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     state = out / "runs" / run
     state.mkdir(parents=True, exist_ok=True)
-    n_train = max(4000, int(opts.steps * 16 * 1.25))
+    cfg = build_config(opts, run, state)
+    # One batch per step for the step default: the run ends at `steps` or when its data is decided,
+    # whichever comes first (a smaller last batch when the set is not a multiple of the batch).
+    n_train = max(4000, opts.steps * cfg.schedule.batch_size)
     train, heldout = write_dataset(state / "data", train=n_train, heldout=opts.heldout, seed=opts.seed,
                                    task=opts.task)
-    cfg = build_config(opts, run, state)
     try:
         launcher = Launcher(cfg, UpOptions(run_dir=state, workers=opts.workers, echo_logs=False,
                                            eval_dataset=str(heldout), eval_every=opts.eval_every),
@@ -214,7 +216,7 @@ async def run_demo(opts: DemoOptions, console) -> tuple[int, dict | None]:
                 elif time.monotonic() - last_line >= 10:
                     console.print(_progress_line(snap, t0))
                     last_line = time.monotonic()
-                if launcher.trainer_done(snap):
+                if launcher.trainer_done(snap) or launcher.run_complete(snap):
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)

@@ -58,3 +58,8 @@ class TelemetryConfig(Section):
     )
     metrics_host: str = Field("127.0.0.1", description="Bind address of the metrics endpoint.")
     events_interval_s: float = Field(5.0, gt=0, description="How often a service publishes a metrics Event.")
+    wait_deadline_s: float = Field(
+        120.0, gt=0, description="A wait that could last for ever (the trainer waiting for groups or retrying a "
+        "publish, a rollout worker retrying a weight fetch) sends a `wait_deadline` event with what it waits "
+        "for after this long, and again every time as long again: the evidence `jetrl why` reads.",
+    )

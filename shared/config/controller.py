@@ -65,3 +65,11 @@ class ControllerConfig(Section):
     poll_interval_s: float = Field(
         1.0, gt=0, description="The release loop re-checks admission at least this often, besides bus wake-ups."
     )
+    diagnosis_alive_s: float = Field(
+        15.0, gt=0, description="`jetrl why` (controller/diagnosis.py) counts a service dead when its last health "
+        "event is older than this or 3 x telemetry.events_interval_s, whichever is larger.",
+    )
+    diagnosis_stall_s: float = Field(
+        30.0, gt=0, description="`jetrl why` calls a run stalled, and a trainer outside its wait for groups stuck, "
+        "after no step for this long or 2 x the median step time, whichever is larger.",
+    )

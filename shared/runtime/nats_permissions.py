@@ -107,7 +107,7 @@ def permissions(role: str, run: str = "*") -> dict:
                *_durable(_S.EVENTS_STREAM, "*"), *_durable(_S.DLQ_STREAM, "*"),
                f"{_API}.CONSUMER.INFO.{_S.PROMPTS_STREAM}.*", f"{_API}.CONSUMER.INFO.{_S.TRAJECTORIES_STREAM}.*",
                f"{_API}.STREAM.MSG.GET.{_S.TRAJECTORIES_STREAM}", f"{_API}.DIRECT.GET.{_S.TRAJECTORIES_STREAM}.>",
-               *_kv_read("*")]
+               f"{_API}.INFO", *_kv_read("*")]
         return {"publish": {"allow": pub}, "subscribe": {"allow": inbox}}
     if role == "rollout":
         pub = [*_bind_streams(), f"jetrl.{r}.trajectories", _events(r, "rollout"), f"jetrl.{r}.dlq.>",
@@ -118,7 +118,7 @@ def permissions(role: str, run: str = "*") -> dict:
         pub = [*_bind_streams(), _events(r, "trainer"), f"jetrl.{r}.dlq.>",
                *_durable(_S.TRAJECTORIES_STREAM, _consumer("trainer", r)),
                f"{_API}.CONSUMER.DELETE.{_S.TRAJECTORIES_STREAM}.{_consumer('trainer', r)}",
-               f"$KV.{_S.WEIGHTS_KV_BUCKET}.{r}", *_kv_read(r)]
+               f"$KV.{_S.WEIGHTS_KV_BUCKET}.{r}", *_kv_read(r), *_ordered(_S.EVENTS_STREAM)]
         return {"publish": {"allow": pub}, "subscribe": {"allow": inbox}}
     if role == "reward":
         # A NATS micro service: answers requests (allow_responses) on jetrl.reward.<task> and $SRV.*.
