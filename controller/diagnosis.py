@@ -28,6 +28,7 @@ causes, each recognised on its own evidence (docs/controller.md, "Why is my run 
 | all_stale | recent groups all dropped as stale (max_staleness too small for the rollout speed) |
 | dead_letters | groups dead-lettered in the last `window_s` (top reasons) |
 | no_signal | the trainer's recent groups had no reward spread (no_signal.py) |
+| collapse_guard | the trainer's collapse guard tripped in the last GUARD_RECENT_S (trainer.guard; a pause by it is named in "paused") |
 
 Thresholds: `alive_s` = max(controller.diagnosis_alive_s (15 s), 3 x telemetry.events_interval_s); `stall_s`
 = max(controller.diagnosis_stall_s (30 s), 2 x the median trainer step wall time): the time within which a
@@ -40,7 +41,8 @@ import statistics
 
 from shared.runtime.waits import WAITING_FOR_WORK
 
-STALL_STEPS = 2.0  # a step missing for this many median step times is a stall
+STALL_STEPS = 2.0
+GUARD_RECENT_S = 600.0  # a guard trip is listed this long after it  # a step missing for this many median step times is a stall
 DISK_WORDS = ("no space left", "enospc", "insufficient resources", "disk full", "quota exceeded")
 REWARD_WORDS = ("reward", "no responders", "noresponders")
 
@@ -251,6 +253,20 @@ def _signal(ev: dict) -> dict | None:
                     since_step=sig.get("since_step"), groups=sig.get("groups"))
 
 
+def _guard(ev: dict) -> dict | None:
+    g = ev.get("guard")
+    if not g or ev["now"] - g.get("time", 0) > GUARD_RECENT_S:
+        return None
+    done = (f"rolled back to step {g.get('to_step')} (weights of version {g.get('weights_of_version')}, now version "
+            f"{g.get('new_version')}), {g.get('discarded_groups')} trained groups discarded, learning rate x "
+            f"{g.get('lr_factor')}") if g.get("action") == "rollback" else "warned only (trainer.guard.action warn)"
+    return _finding("collapse_guard", "warning", f"the collapse guard tripped at step {g.get('step')} "
+                    f"({', '.join(g.get('reasons') or [])} failing since step {g.get('since_step')}): {done}",
+                    "look at entropy, clip and capped fractions and gradient norm per step (dashboard, trackers); "
+                    "a lower trainer.optim.lr or schedule.max_staleness", guard_action=g.get("action"),
+                    **{k: g.get(k) for k in ("step", "since_step", "reasons", "evidence")})
+
+
 def diagnose(ev: dict) -> dict:
     now, run = ev["now"], ev["run"]
     prog = ev["progress"]
@@ -261,9 +277,16 @@ def diagnose(ev: dict) -> dict:
                      f"({led['trained']} trained, {led['dropped_stale']} dropped as stale, {led['filtered']} filtered, "
                      f"{led['dead_lettered']} dead-lettered)", "enqueue more data to continue it", **led)
         return {"state": "complete", "summary": f["summary"], "findings": [f]}
+    guard = ev.get("guard")
     if run.get("status") in ("paused", "stopped"):
-        f = _finding(run["status"], "info", f"the run is {run['status']}",
-                     "resume it (POST /v1/runs/{run}/resume)" if run["status"] == "paused" else "create a new run")
+        by_guard = run["status"] == "paused" and guard is not None and guard.get("action") == "pause"
+        f = _finding(run["status"], "info", f"the run is {run['status']}" + (
+                     f" by the collapse guard at step {guard.get('step')}: {', '.join(guard.get('reasons') or [])}"
+                     + (f" ({guard['why']})" if guard.get("why") else "") if by_guard else ""),
+                     ("look at the step statistics the guard names (the dashboard's charts), then resume it (POST "
+                      "/v1/runs/{run}/resume), maybe with a lower learning rate" if by_guard else
+                      "resume it (POST /v1/runs/{run}/resume)") if run["status"] == "paused" else "create a new run",
+                     **({"guard": guard} if by_guard else {}))
         return {"state": "paused", "summary": f["summary"], "findings": [f]}
     if prog["state"] == "no data" and not run.get("online"):
         f = _finding("no_data", "info", "nothing is enqueued: the run has no prompts to release",
@@ -278,7 +301,8 @@ def diagnose(ev: dict) -> dict:
         if f is not None:
             findings.append(f)
     findings += _workers(ev, alive_s, stall_s)
-    for f in (_reward(ev, alive_s), _admission(ev, stall_s), _stale(ev), _dead_letters(ev), _signal(ev)):
+    for f in (_reward(ev, alive_s), _admission(ev, stall_s), _stale(ev), _dead_letters(ev), _signal(ev),
+              _guard(ev)):
         if f is not None:
             findings.append(f)
     last_step = ev["steps"][-1]["time"] if ev.get("steps") else None

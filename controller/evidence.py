@@ -14,7 +14,8 @@ Fields (all times are Unix seconds):
   group counts of the trainer's "groups" events in the last WINDOW_S;
 - `oldest_in_flight`: the OLDEST groups still released or received ({group_id, state, since});
 - `dead_letters`: {recent, window_s, reasons: [[reason, count], ...]} over WINDOW_S;
-- `warnings`: recent events of WARNING_KINDS; `signal`: no_signal.state;
+- `warnings`: recent events of WARNING_KINDS; `signal`: no_signal.state; `guard`: the trainer's last
+  `guard_tripped` event (its data and time) or None;
 - `queues`: Controller.queue_depths; `store`: {ok, error, url} from asking the weight store for the run's
   versions; `nats`: {storage, storage_max} of the JetStream account (or {error}); `limits`: the
   controller's diagnosis_alive_s / diagnosis_stall_s.
@@ -68,6 +69,7 @@ def from_database(Session_, run_id: str) -> dict:
                   "wall_s": e.data.get("wall_s")} for e in _recent(s, run_id, ("step",), STEPS, service="trainer")][::-1]
         started = _recent(s, run_id, ("started", "resumed"), 1, service="trainer")
         published = _recent(s, run_id, ("published",), 1)
+        guard = _recent(s, run_id, ("guard_tripped",), 1, service="trainer")
         outcomes = Counter()
         for e in _recent(s, run_id, ("groups",), 1000, since=now - WINDOW_S, service="trainer"):
             for k in ("trained", "dropped_stale", "filtered"):
@@ -98,6 +100,7 @@ def from_database(Session_, run_id: str) -> dict:
         "outcomes": dict(outcomes), "oldest_in_flight": oldest,
         "dead_letters": {"recent": len(letters), "window_s": WINDOW_S, "reasons": [list(x) for x in reasons]},
         "warnings": warnings, "signal": signal,
+        "guard": dict(guard[0].data, time=guard[0].time) if guard else None,
     }
 
 

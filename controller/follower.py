@@ -5,7 +5,8 @@
   only update the health table); trainer "step" and rollout "metrics" numbers become metric series;
   trainer "groups" and rollout "published" move ledger rows forward (a filtered group keeps the trainer's
   reason); a "published" event's `prompts` go into the prompt memory (memory.py); a trainer "no_signal"
-  event sets the run's signal state (no_signal.py).
+  event sets the run's signal state (no_signal.py); a trainer "guard_tripped" event with action "pause" pauses
+  the run (the collapse guard, trainer.guard).
 - `jetrl.<run>.dlq.>` (durable `controller-dlq-<run>`): the original message is decoded as a
   PromptTask or TrajectoryGroup to find its group, which becomes dead_lettered.
 A redelivered event (stream sequence already stored) changes nothing. Events arriving together are
@@ -190,6 +191,9 @@ def _move_groups(s, run_id: str, ev: Event) -> int:
         memory.record(s, run_id, ev.data.get("prompts"), ev.time)
     elif ev.kind == "no_signal" and ev.service == "trainer":
         no_signal.record(s, run_id, ev.data)
+    elif ev.kind == "guard_tripped" and ev.service == "trainer" and ev.data.get("action") == "pause":
+        # the collapse guard asks to stop releasing (trainer.guard.action pause): resume with POST .../resume
+        s.execute(update(Run).where(Run.id == run_id, Run.status == "running").values(status="paused", updated_at=now()))
     return moved
 
 

@@ -23,6 +23,7 @@ SERVICE_CLIS = [
     "controller.cli",  # jetrl controller, enqueue, status
     "tracker.cli",  # jetrl track
     "launcher.launch_cli",  # jetrl up, demo, eval
+    "launcher.replay_cli",  # jetrl replay
 ]
 
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)

@@ -79,6 +79,10 @@ def demo_cmd(
         False, "--ablation",
         help="Run the task four times, one after another: max_staleness 0, and max_staleness 4 with decoupled "
              "PPO, with importance-weighted REINFORCE and with no correction; one plot of all (ablation.png)."),
+    replay: bool = typer.Option(
+        False, "--replay",
+        help="With --ablation: then replay the decoupled run's recording under six corrections (TIS, MIS, "
+             "geo-mask, IcePop, GSPO, CISPO), without generating again, and add them to the plot (dashed)."),
     overrides: list[str] = OVERRIDES_ARG,
 ) -> None:
     """Asynchronous RL that visibly learns on a laptop: a tiny model learns `maxdigit` ("max 3 8 1 5 2 ="
@@ -98,7 +102,10 @@ def demo_cmd(
     opts = DemoOptions(out=Path(out), minutes=minutes, steps=steps, workers=workers, max_staleness=max_staleness,
                        engine=engine, eval_every=eval_every, seed=seed, panel=not no_panel, task=task,
                        overrides=list(overrides or []))
-    raise typer.Exit(run_async(ablation_main(opts) if ablation else demo_main(opts)))
+    if replay and not ablation:
+        typer.secho("--replay goes with --ablation", fg="red", err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(run_async(ablation_main(opts, replay=replay) if ablation else demo_main(opts)))
 
 
 def eval_cmd(

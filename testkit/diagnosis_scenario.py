@@ -28,7 +28,7 @@ from pathlib import Path
 from launcher.demo.run import digit_token_ids
 from launcher.demo.task import write_dataset
 from launcher.plan import UpOptions
-from launcher.up import Launcher, poll_until
+from launcher.up import Launcher, poll_until  # noqa: F401 - poll_until: for the scenario's users
 from shared.config import JetrlConfig, load_config
 
 BASE = {

@@ -31,19 +31,29 @@ def step_dir(checkpoint_dir: str | Path, run: str, step: int) -> Path:
     return run_dir(checkpoint_dir, run) / f"step-{step:08d}"
 
 
-def latest_checkpoint(checkpoint_dir: str | Path, run: str) -> Path | None:
-    """The newest complete checkpoint of `run`, or None."""
+def complete_checkpoints(checkpoint_dir: str | Path, run: str) -> list[Path]:
+    """Every complete checkpoint of `run`, oldest first."""
     root = run_dir(checkpoint_dir, run)
     if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step-*") if (p / COMPLETE).exists())
+        return []
+    return sorted(p for p in root.glob("step-*") if (p / COMPLETE).exists())
+
+
+def step_of(path: Path) -> int:
+    """The step of a checkpoint directory `step-NNNNNNNN`."""
+    return int(path.name.removeprefix("step-"))
+
+
+def latest_checkpoint(checkpoint_dir: str | Path, run: str, before_step: int | None = None) -> Path | None:
+    """The newest complete checkpoint of `run` (with `before_step`: of a step below it), or None."""
+    done = [p for p in complete_checkpoints(checkpoint_dir, run) if before_step is None or step_of(p) < before_step]
     return done[-1] if done else None
 
 
 def prune(checkpoint_dir: str | Path, run: str, keep: int) -> None:
     """Delete all but the newest `keep` complete checkpoints (and any incomplete older ones)."""
     root = run_dir(checkpoint_dir, run)
-    done = sorted(p for p in root.glob("step-*") if (p / COMPLETE).exists())
+    done = complete_checkpoints(checkpoint_dir, run)
     if not done:
         return
     newest_kept = done[-keep:]

@@ -32,6 +32,7 @@ from trainer_service import checkpoint, memory, metrics, timings
 from trainer_service.algorithms.advantages import DrawStats, group_advantages
 from trainer_service.algorithms.staleness import rewards_all_equal
 from trainer_service.drain import DrainWatch
+from trainer_service.guard import Guard
 from trainer_service.intake import Batch, Intake, IntakeState
 from trainer_service.packing import TrainItem
 from trainer_service.publish import (
@@ -88,6 +89,11 @@ def load(backend, cfg: JetrlConfig, path: str) -> dict:
     return backend.load_checkpoint(path)
 
 
+def scale_lr(backend, cfg: JetrlConfig, factor: float) -> None:
+    """Multiply the learning rate by `factor` (a collapse-guard rollback, guard.py)."""
+    backend.scale_lr(factor)
+
+
 def noop(backend, cfg: JetrlConfig) -> None:
     """Nothing (rank 0 waits for data: the followers hear from it every NOOP_AFTER_S)."""
 
@@ -97,7 +103,7 @@ def stop_following(backend, cfg: JetrlConfig) -> None:
 
 
 COMMANDS = {"step": train, "state_dict": state_dict, "stage": stage, "save": save, "load": load,
-            "noop": noop, "stop": stop_following}
+            "scale_lr": scale_lr, "noop": noop, "stop": stop_following}
 KIND = {fn: kind for kind, fn in COMMANDS.items()}
 
 
@@ -189,6 +195,8 @@ class Trainer:
         self._store_s = 0.0  # seconds the last publish took to write, upload and announce
         self.phase = Phase()  # what rank 0 is doing now, in its health events (shared/runtime/waits.py)
         self.publish_error: str | None = None  # the last failed publish attempt, while it is retried
+        self.guard = Guard(cfg.trainer.guard) if cfg.trainer.guard.enabled else None
+        self.trained_at: dict[int, list[str]] = {}  # step -> its trained groups, back to the oldest checkpoint kept
 
     def _run(self, fn, args: dict) -> Any:
         self.backend.broadcast({"kind": KIND[fn], **args})  # the followers run it too (follow -> execute)
@@ -280,6 +288,10 @@ class Trainer:
         path = checkpoint.step_dir(self.cfg.trainer.checkpoint_dir, self.cfg.run, self.step)
         await self.on_all_ranks(save, path=str(path), extra=extra)
         self.last_checkpoint_step = self.step
+        kept = checkpoint.complete_checkpoints(self.cfg.trainer.checkpoint_dir, self.cfg.run)
+        if kept:  # a rollback never goes further back than the oldest checkpoint kept
+            oldest = checkpoint.step_of(kept[0])
+            self.trained_at = {s: ids for s, ids in self.trained_at.items() if s > oldest}
         await self.events.emit("checkpoint", {"version": self.version, "step": self.step, "path": str(path),
                                               "intake_position": pos.position})
         log.info("checkpoint step %d version %d at %s (intake position %d)", self.step, self.version, path,
@@ -409,14 +421,64 @@ class Trainer:
         # Acked (retried through a NATS outage): the controller's ledger learns the outcomes only from
         # this event, and the checkpoint after the step must not move past outcomes nobody heard of.
         await self.events.emit_acked("groups", {"version": self.version, "step": self.step, "trained": trained,
+                                                "batch_version": batch.version,
                                                 "dropped_stale": batch.dropped_stale, "filtered": batch.filtered,
                                                 "filtered_reasons": batch.filtered_reasons},
                                      stop=self._stop)
+        self.trained_at[self.step] = trained
         await self._watch_signal(spreads + [False] * len(batch.filtered))
         metrics.record_step(stats, batch, len(items), reward_mean)
+        trip = self.guard.observe(self.step, data) if self.guard is not None else None
+        if trip is not None:
+            await self._guard_tripped(trip)
         log.info("step %d version %d loss %.4f reward %.3f samples %d dropped_stale %d tokens/s %.0f", self.step,
                  self.version, stats["loss"], reward_mean, len(items), batch.dropped_stale_samples,
                  stats["tokens_per_s"])
+
+    async def _guard_tripped(self, trip: dict) -> None:
+        """The collapse guard tripped (guard.py): a `guard_tripped` event (acked: the controller pauses the run
+        on action pause) with the evidence, after the rollback when trainer.guard.action is rollback."""
+        g = self.cfg.trainer.guard
+        info = {**trip, "version": self.version, "action": g.action}
+        log.warning("collapse guard tripped at step %d (failing since step %d): %s", trip["step"], trip["since_step"],
+                    ", ".join(trip["reasons"]))
+        if g.action == "rollback":
+            ck = checkpoint.latest_checkpoint(self.cfg.trainer.checkpoint_dir, self.cfg.run,
+                                              before_step=trip["since_step"])
+            if ck is None:
+                info.update(action="pause", why=f"no checkpoint from before step {trip['since_step']}: paused instead")
+                log.warning("%s", info["why"])
+            else:
+                info.update(await self._rollback(ck))
+        await self.events.emit_acked("guard_tripped", info, stop=self._stop)
+
+    async def _rollback(self, ck: Path) -> dict:
+        """Back to checkpoint `ck`: its weights published as the next version, the groups trained since and the
+        groups generated by the versions since discarded (filtered, reason in the ledger), the LR scaled."""
+        g = self.cfg.trainer.guard
+        await self._published()
+        self.phase.enter("rolling back")
+        newest = self.version
+        extra = await self.on_all_ranks(load, path=str(ck))
+        ck_step, ck_version = int(extra["step"]), int(extra["version"])
+        discarded = [gid for s, ids in sorted(self.trained_at.items()) if s > ck_step for gid in ids]
+        self.trained_at = {s: ids for s, ids in self.trained_at.items() if s <= ck_step}
+        self.step = ck_step
+        self.intake.discard_versions(ck_version, newest)
+        await self.on_all_ranks(scale_lr, factor=g.lr_factor)
+        why = f"discarded: trained after step {ck_step}, rolled back by the collapse guard"
+        await self.events.emit_acked("groups", {"version": newest, "step": self.step, "trained": [], "dropped_stale": [],
+                                                "filtered": discarded, "filtered_reasons": dict.fromkeys(discarded, why)},
+                                     stop=self._stop)
+        self.version += 1
+        await self._publish()
+        self.guard.reset()
+        log.warning("rolled back to %s (step %d, weights of version %d) as version %d; %d trained groups discarded; "
+                    "learning rate x %g", ck, ck_step, ck_version, self.version, len(discarded), g.lr_factor)
+        return {"checkpoint": str(ck), "to_step": ck_step, "weights_of_version": ck_version,
+                "new_version": self.version, "discarded_groups": len(discarded),
+                "discarded_versions": [ck_version + 1, newest], "lr_factor": g.lr_factor,
+                "lr": self.backend.current_lr()}
 
     async def _report_outcomes(self) -> None:
         """Report groups dropped or filtered while no batch formed (the controller's ledger waits on them)."""

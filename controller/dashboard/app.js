@@ -4,8 +4,9 @@
 const POLL_MS = 2000;
 const COLORS = ["#1a73e8", "#e8711a", "#1f8a4c", "#b3261e", "#7b1fa2", "#00838f", "#6d4c41", "#c2185b", "#827717"];
 const state = { run: new URLSearchParams(location.search).get("run"), charts: {}, queueHistory: [],
-                statsRun: null, statsAt: 0 };
-const STATS_MS = 10000;  // the prompt-memory view reads every observation of the run: not every poll
+                statsRun: null, statsAt: 0, diagRun: null, diagAt: 0 };
+const STATS_MS = 10000;
+const DIAG_MS = 5000;  // the diagnosis asks the weight store and NATS too: every few polls  // the prompt-memory view reads every observation of the run: not every poll
 
 // The controller's token comes in the URL fragment (/#token=...), which browsers never send to a server
 // nor write to its logs; it is kept for this tab only (sessionStorage) and sent as a bearer token.
@@ -159,6 +160,31 @@ function renderSignal(runs) {
     banner.textContent = "";
     banner.hidden = true;
   }
+}
+
+// GET /v1/runs/{run}/diagnosis (`jetrl why`): the run's state and summary, then each finding with what to do.
+// Text only (textContent): the findings quote the services' error messages.
+function renderDiagnosis(d) {
+  const box = document.getElementById("diagnosis");
+  box.replaceChildren();
+  box.dataset.state = d.state;
+  const head = document.createElement("div");
+  head.className = "summary";
+  head.textContent = `Run ${d.run}: ${d.summary}`;
+  box.appendChild(head);
+  for (const f of d.findings) {
+    const row = document.createElement("div");
+    row.className = "finding";
+    row.dataset.cause = f.cause;
+    row.dataset.severity = f.severity;
+    row.textContent = `[${f.cause}] ${f.summary}`;
+    const act = document.createElement("div");
+    act.className = "action";
+    act.textContent = "what to do: " + f.action;
+    row.appendChild(act);
+    box.appendChild(row);
+  }
+  box.hidden = false;
 }
 
 // GET /v1/runs/{run}/prompts/stats: per version bucket, the share of prompts at each solve rate (exactly 0,
@@ -319,6 +345,11 @@ async function refresh() {
         renderPromptStats(await getJSON(base + "/prompts/stats?limit=8"));
         state.statsRun = state.run;
         state.statsAt = Date.now();
+      }
+      if (state.diagRun !== state.run || Date.now() - state.diagAt > DIAG_MS) {
+        renderDiagnosis(await getJSON(base + "/diagnosis"));
+        state.diagRun = state.run;
+        state.diagAt = Date.now();
       }
       if (viewer.run !== state.run) await loadRollouts(false);  // once per run; then on search / older
     }

@@ -83,7 +83,9 @@ def key_figures(name: str, label: str, s: dict | None) -> dict:
     }
 
 
-async def ablation_main(opts: DemoOptions) -> int:
+async def ablation_main(opts: DemoOptions, replay: bool = False) -> int:
+    """The four runs; with `replay`, then the corrections replayed from the `decoupled` run's recording
+    (replay_ablation.py), drawn dashed on the version panel."""
     from rich.console import Console
     from rich.table import Table
 
@@ -99,7 +101,17 @@ async def ablation_main(opts: DemoOptions) -> int:
         code = code or rc
         results.append(key_figures(v.name, v.label, summary))
         (out / "ablation.json").write_text(json.dumps({"task": opts.task, "runs": results}, indent=1))
-    plot_ablation(results, out / "ablation.png", opts.task)
+    replayed = []
+    if replay:
+        from launcher.demo.replay_ablation import recorded_run, replay_corrections
+
+        try:
+            replayed = await replay_corrections(recorded_run(out / "decoupled"), out / "replay", console,
+                                                save_every=opts.eval_every)
+        except Exception as exc:  # the live runs' results stand; say why the replay did not
+            console.print(f"[red]replay failed:[/] {type(exc).__name__}: {exc}")
+            code = code or 1
+    plot_ablation(results, out / "ablation.png", opts.task, replayed)
     t = Table(title=f"jetrl demo --ablation ({opts.task})")
     for col in ("run", "held-out start -> end", "versions", "seconds", "first version >= 0.9", "seconds to 0.9"):
         t.add_column(col)
@@ -111,6 +123,14 @@ async def ablation_main(opts: DemoOptions) -> int:
                   str(r["versions"]), str(r["train_seconds"]), str(r["first_version_at_target"] or "-"),
                   str(r["first_seconds_at_target"] or "-"))
     console.print(t)
+    if replayed:
+        rt = Table(title="corrections replayed from the decoupled run's recording (same samples)")
+        for col in ("correction", "final held-out", "first version >= 0.9", "replay seconds"):
+            rt.add_column(col)
+        for r in replayed:
+            first = next((v for v, x in r["heldout_curve"] if x >= 0.9), None)
+            rt.add_row(r["variant"], _f(r["final"]), str(first or "-"), str(r["replay_seconds"]))
+        console.print(rt)
     console.print(f"ablation: {out / 'ablation.json'}, {out / 'ablation.png'}")
     return code
 
@@ -119,8 +139,9 @@ def _f(v) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def plot_ablation(results: list[dict], path: Path, task: str) -> Path | None:
-    """Held-out reward against wall time (left) and against version (right), one line per run."""
+def plot_ablation(results: list[dict], path: Path, task: str, replayed: list[dict] | None = None) -> Path | None:
+    """Held-out reward against wall time (left) and against version (right), one line per run; replayed
+    corrections (no wall time of their own) dashed on the right."""
     try:
         import matplotlib
 
@@ -136,6 +157,9 @@ def plot_ablation(results: list[dict], path: Path, task: str) -> Path | None:
         ts = r["heldout_vs_seconds"]
         a_t.plot([t for t, _, _ in ts], [x for _, _, x in ts], marker=".", label=r["label"])
         a_v.plot([v for v, _ in r["heldout_curve"]], [x for _, x in r["heldout_curve"]], marker=".", label=r["label"])
+    for r in replayed or []:
+        a_v.plot([v for v, _ in r["heldout_curve"]], [x for _, x in r["heldout_curve"]], linestyle="--",
+                 marker="x", markersize=3, label=r["label"])
     for ax, xl in ((a_t, "seconds of training"), (a_v, "policy version")):
         ax.axhline(0.9, color="grey", linestyle="--", linewidth=0.8)
         ax.set(xlabel=xl, ylim=(0, 1.02))

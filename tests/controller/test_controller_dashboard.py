@@ -150,6 +150,11 @@ async def test_dashboard_draws_what_the_api_returns(live, js, nc, tmp_path):
     assert banner and "hidden" not in banner.group(0).split(">")[0], banner
     assert "No learning signal in run dash since step 3: zero advantage &lt;img" in banner.group(1)
     assert "<img src=x" not in dom
+    # the diagnosis panel (GET /v1/runs/dash/diagnosis): its state and one row per finding with what to do
+    diag = (await live.http.get("/v1/runs/dash/diagnosis")).json()
+    assert attrs(dom, "diagnosis")["data-state"] == diag["state"] == "no data"  # nothing was enqueued into "dash"
+    assert diag["findings"] and all(f'data-cause="{f["cause"]}"' in dom for f in diag["findings"])
+    assert "what to do:" in dom
     solve = attrs(dom, "chart-solve")
     assert solve["data-points"] == "12" and solve["data-series"] == "v1,v4"
     assert "<canvas" in dom[dom.index('id="chart-solve"'): dom.index('id="prompt-classes"')]

@@ -160,3 +160,16 @@ def test_a_stall_with_no_known_cause_says_so():
     ev["health"][1]["data"]["in_flight"] = 0
     d = diagnose(ev)
     assert d["state"] == "stalled" and causes(d) == ["unknown"]
+
+
+def test_a_guard_trip_is_listed_and_a_pause_by_it_is_said():
+    trip = {"time": NOW - 30, "step": 12, "since_step": 11, "reasons": ["entropy"], "action": "rollback",
+            "to_step": 10, "weights_of_version": 10, "new_version": 13, "discarded_groups": 8, "lr_factor": 0.5,
+            "evidence": {"11": {"entropy": {"value": 0.1}}}}
+    d = diagnose(with_(guard=trip))
+    f = next(f for f in d["findings"] if f["cause"] == "collapse_guard")
+    assert "rolled back to step 10" in f["summary"] and "8 trained groups discarded" in f["summary"]
+    assert d["state"] == "advancing"  # a warning
+    paused = with_(guard=dict(trip, action="pause"), run__status="paused")
+    d = diagnose(paused)
+    assert d["state"] == "paused" and "by the collapse guard at step 12: entropy" in d["summary"]

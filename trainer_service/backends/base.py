@@ -168,6 +168,13 @@ class TrainBackend(DistMixin, abc.ABC):
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
+    def scale_lr(self, factor: float) -> None:
+        """Multiply the learning rate (the schedule's peak, so the schedule goes on from there) by `factor`."""
+        s = self.scheduler
+        s.base_lrs = [b * factor for b in s.base_lrs]
+        for group, base, fn in zip(self.optimizer.param_groups, s.base_lrs, s.lr_lambdas, strict=True):
+            group["lr"] = base * fn(s.last_epoch)
+
     # --- weights and checkpoints ----------------------------------------------------------------
 
     def hf_config(self) -> Any:
