@@ -39,12 +39,18 @@ DRAIN_IDS = 4096  # at most this many group ids in one drain event (the admissio
 CHECK_S = 1.0  # how often the watch looks at the ledger
 
 
+def released(s: Session, run_id: str) -> tuple[int, int]:
+    """(prompts enqueued, prompts released) over the run's enqueues."""
+    enqueued, pos = s.execute(
+        select(func.coalesce(func.sum(Enqueue.total), 0), func.coalesce(func.sum(Enqueue.next_pos), 0))
+        .where(Enqueue.run_id == run_id)).one()
+    return int(enqueued), int(pos)
+
+
 def progress(s: Session, run_id: str) -> dict:
     """{"state", "enqueued", "ledger": ledger.summary}: state is "no data" (nothing enqueued), "releasing"
     (an enqueue has rows left), "draining" (all released, groups still in flight) or "complete"."""
-    enqueued, released_pos = s.execute(
-        select(func.coalesce(func.sum(Enqueue.total), 0), func.coalesce(func.sum(Enqueue.next_pos), 0))
-        .where(Enqueue.run_id == run_id)).one()
+    enqueued, released_pos = released(s, run_id)
     summ = ledger.summary(s, run_id)
     if not enqueued:
         state = "no data"
@@ -54,7 +60,7 @@ def progress(s: Session, run_id: str) -> dict:
         state = "draining"
     else:
         state = "complete"
-    return {"state": state, "enqueued": int(enqueued), "ledger": summ}
+    return {"state": state, "enqueued": enqueued, "ledger": summ}
 
 
 def drain_ids(s: Session, run_id: str, limit: int = DRAIN_IDS) -> list[str]:
@@ -83,8 +89,11 @@ class CompletionWatch:
     def stop(self) -> None:
         self._stop.set()
 
-    def _look(self) -> tuple[dict, list[str], bool]:
+    def _look(self) -> tuple[dict | None, list[str], bool]:
         with self.ctl.Session() as s:
+            enqueued, pos = released(s, self.run_id)
+            if not enqueued or pos < enqueued:  # still releasing (or nothing to): no ledger count needed
+                return None, [], False
             p = progress(s, self.run_id)
             ids = drain_ids(s, self.run_id) if p["state"] == "draining" and not p["ledger"]["awaiting_trajectory"] else []
             done_before = completed_since(s, self.run_id) is not None if p["state"] == "complete" else False
@@ -104,8 +113,10 @@ class CompletionWatch:
 
     async def check(self, events) -> None:
         p, ids, done_before = await asyncio.to_thread(self._look)
-        if p["state"] != "complete":
+        if p is None or p["state"] != "complete":
             self._announced = False
+        if p is None:
+            return
         if ids and time.monotonic() - self._last_drain >= DRAIN_REPEAT_S:
             self._last_drain = time.monotonic()
             log.info("run %s: every prompt is released; the trainer holds the last %d group(s): drain",

@@ -83,9 +83,10 @@ def recorded_run(variant_dir: Path) -> Path:
 
 
 async def replay_corrections(run_dir: Path, out: Path, console, save_every: int = 10,
-                             names: list[str] | None = None, heldout: Path | None = None) -> list[dict]:
+                             names: list[str] | None = None, heldout: Path | None = None,
+                             steps: int = 0) -> list[dict]:
     """Replay the recording of `run_dir` under each correction into out/<name>/, each evaluated on `heldout`
-    (default: the demo's <run dir>/data/heldout.jsonl); returns one result per correction ({"variant", "label",
+    (default: the demo's <run dir>/data/heldout.jsonl), the first `steps` recorded steps (0 = all); returns one result per correction ({"variant", "label",
     "overrides", "replay_seconds", "steps", "heldout_curve", "final"})."""
     from launcher.replay_cli import load
     from shared.config import JetrlConfig, load_config
@@ -99,7 +100,7 @@ async def replay_corrections(run_dir: Path, out: Path, console, save_every: int 
     for name in names or list(CORRECTIONS):
         cfg = load_config(JetrlConfig, str(run_dir / "config.yaml"), list(CORRECTIONS[name]))
         t0 = time.monotonic()
-        records = await asyncio.to_thread(replay, cfg, rec, out / name, 0, save_every)
+        records = await asyncio.to_thread(replay, cfg, rec, out / name, steps, save_every)
         took = time.monotonic() - t0
         curve = await heldout_curve(cfg, heldout, out / name / "versions")
         # x: the version each replayed step's weights stand for (the recorded batch's version + 1)
