@@ -158,6 +158,7 @@ class EventRow(Base):
 
     __table_args__ = (
         Index("ix_events_run_id", "run_id", "id"),
+        Index("ix_events_run_kind", "run_id", "kind", "id"),  # the newest events of a kind (`jetrl why`)
         Index("ux_events_stream_seq", "run_id", "stream", "stream_seq", unique=True),
     )
 
@@ -284,6 +285,8 @@ def open_database(url: str) -> tuple[Engine, sessionmaker]:
     """Connect, create missing tables, record/check the schema version. Returns (engine, Session)."""
     engine = make_engine(url)
     Base.metadata.create_all(engine)
+    for idx in EventRow.__table__.indexes:  # indexes added since a table was made (create_all skips the table)
+        idx.create(engine, checkfirst=True)
     Session = sessionmaker(engine, expire_on_commit=False)
     with Session.begin() as s:
         row = s.get(Meta, "schema_version")

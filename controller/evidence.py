@@ -11,7 +11,7 @@ Fields (all times are Unix seconds):
 - `steps`: the last STEPS trainer steps ({time, step, version, wall_s}); `trainer_started`: its last
   started / resumed event; `current_version_since`: when the controller first saw the current version;
 - `last_published`: the last rollout "published" event; `outcomes`: trained / dropped_stale / filtered
-  group counts of the trainer's "groups" events in the last WINDOW_S;
+  group counts of the trainer's last OUTCOME_EVENTS "groups" events within WINDOW_S;
 - `oldest_in_flight`: the OLDEST groups still released or received ({group_id, state, since});
 - `dead_letters`: {recent, window_s, reasons: [[reason, count], ...]} over WINDOW_S;
 - `warnings`: recent events of WARNING_KINDS; `signal`: no_signal.state; `guard`: the trainer's last
@@ -29,20 +29,21 @@ from collections import Counter
 
 from sqlalchemy import func, select
 
-from controller import completion, no_signal, store
+from controller import completion, ledger, no_signal, store
 from controller.db import RECEIVED, RELEASED, EventRow, Health, Ledger, WeightVersionRow
 
 STEPS = 20
 OLDEST = 5
 WINDOW_S = 300.0
+OUTCOME_EVENTS = 20  # the trainer's last this-many "groups" events (within WINDOW_S) are the recent outcomes
 SCAN = 20_000  # rare event kinds are looked for among the run's last SCAN events
 WARNING_KINDS = ("weights_refused", "weights_failing", "publish_failing", "wait_deadline")
 PROBE_TIMEOUT_S = 3.0
 
 
-def _recent(s, run_id: str, kinds: tuple[str, ...], limit: int, since: float | None = None,
+def _recent(s, run_id: str, top: int, kinds: tuple[str, ...], limit: int, since: float | None = None,
             service: str | None = None) -> list[EventRow]:
-    top = s.scalar(select(func.max(EventRow.id)).where(EventRow.run_id == run_id)) or 0
+    """The newest `limit` events of `kinds` among the run's events with ids above top - SCAN."""
     q = select(EventRow).where(EventRow.run_id == run_id, EventRow.id > top - SCAN, EventRow.kind.in_(kinds))
     if since is not None:
         q = q.where(EventRow.time >= since)
@@ -60,24 +61,28 @@ def from_database(Session_, run_id: str) -> dict:
     now = time.time()
     with Session_() as s:
         r = store.get_run(s, run_id)
-        d = store.run_dict(s, r)
         cfg = r.config or {}
+        sched = cfg.get("schedule", {}) or {}
+        ms, bs = sched.get("max_staleness", 4), sched.get("batch_size", 8)
+        bound = ledger.admission_bound(ledger.announced_step(s, run_id, r.current_version), ms, bs,
+                                       sched.get("total_steps", 0), (cfg.get("trainer") or {}).get("publish_every", 1))
         prog = completion.progress(s, run_id)
+        top = s.scalar(select(func.max(EventRow.id)).where(EventRow.run_id == run_id)) or 0
         health = [{"service": h.service, "instance": h.instance, "last_seen": h.last_seen, "data": h.data or {}}
                   for h in s.scalars(select(Health).where(Health.run_id == run_id))]
         steps = [{"time": e.time, "step": e.data.get("step"), "version": e.data.get("version"),
-                  "wall_s": e.data.get("wall_s")} for e in _recent(s, run_id, ("step",), STEPS, service="trainer")][::-1]
-        started = _recent(s, run_id, ("started", "resumed"), 1, service="trainer")
-        published = _recent(s, run_id, ("published",), 1)
-        guard = _recent(s, run_id, ("guard_tripped",), 1, service="trainer")
+                  "wall_s": e.data.get("wall_s")} for e in _recent(s, run_id, top, ("step",), STEPS, service="trainer")][::-1]
+        started = _recent(s, run_id, top, ("started", "resumed"), 1, service="trainer")
+        published = _recent(s, run_id, top, ("published",), 1)
+        guard = _recent(s, run_id, top, ("guard_tripped",), 1, service="trainer")
         outcomes = Counter()
-        for e in _recent(s, run_id, ("groups",), 1000, since=now - WINDOW_S, service="trainer"):
+        for e in _recent(s, run_id, top, ("groups",), OUTCOME_EVENTS, since=now - WINDOW_S, service="trainer"):
             for k in ("trained", "dropped_stale", "filtered"):
                 outcomes[k] += _len(e.data.get(k))
-        letters = _recent(s, run_id, ("dead_letter",), 1000, since=now - WINDOW_S)
+        letters = _recent(s, run_id, top, ("dead_letter",), 1000, since=now - WINDOW_S)
         reasons = Counter(str(e.data.get("reason") or "?")[:300] for e in letters).most_common(5)
         warnings = [{"service": e.service, "kind": e.kind, "time": e.time, "data": e.data}
-                    for e in _recent(s, run_id, WARNING_KINDS, 20, since=now - WINDOW_S)]
+                    for e in _recent(s, run_id, top, WARNING_KINDS, 20, since=now - WINDOW_S)]
         oldest = [{"group_id": g.group_id, "state": g.state, "since": g.updated_at}
                   for g in s.scalars(select(Ledger).where(Ledger.run_id == run_id, Ledger.state.in_((RELEASED, RECEIVED)))
                                      .order_by(Ledger.updated_at).limit(OLDEST))]
@@ -87,12 +92,12 @@ def from_database(Session_, run_id: str) -> dict:
     return {
         "now": now,
         "run": {"id": run_id, "status": r.status, "current_version": r.current_version,
-                "batch_size": d["batch_size"], "max_staleness": d["max_staleness"],
+                "batch_size": bs, "max_staleness": ms,
                 "events_interval_s": (cfg.get("telemetry") or {}).get("events_interval_s", 5.0),
                 "reward_task": (cfg.get("reward") or {}).get("task"),
                 "online": any(h["data"].get("online") for h in health if h["service"] == "rollout")},
         "progress": prog,
-        "admission": {"bound": d["admission_bound"], "outstanding": prog["ledger"]["outstanding"]},
+        "admission": {"bound": bound, "outstanding": prog["ledger"]["outstanding"]},
         "health": health, "steps": steps,
         "trainer_started": started[0].time if started else None,
         "current_version_since": seen_at,
@@ -105,22 +110,14 @@ def from_database(Session_, run_id: str) -> dict:
 
 
 async def _store_probe(ctl, run_id: str) -> dict:
-    from weight_store.client import WeightStoreClient
-
     url = ctl.cfg.weights.url
-    client = WeightStoreClient(ctl.cfg.weights)
     try:
-        await asyncio.wait_for(client.versions(run_id), PROBE_TIMEOUT_S)
+        await asyncio.wait_for(ctl.weight_store().versions(run_id), PROBE_TIMEOUT_S)
         return {"ok": True, "url": url}
+    except asyncio.TimeoutError:
+        return {"ok": False, "url": url, "error": f"no answer within {PROBE_TIMEOUT_S:g} s"}
     except Exception as exc:
         return {"ok": False, "url": url, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    finally:
-        close = getattr(client, "close", None)
-        if close is not None:
-            try:
-                await close()
-            except Exception:
-                pass
 
 
 async def _nats_probe(ctl) -> dict:

@@ -52,6 +52,7 @@ class Controller:
         self._readers: dict[int, tuple[DatasetReader, str, str]] = {}
         self._readers_lock = threading.Lock()
         self._start_task: asyncio.Task | None = None
+        self._weight_store = None  # one client for the diagnosis' store probes (evidence.py)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -90,6 +91,9 @@ class Controller:
             await asyncio.wait(self._watch_tasks, timeout=10.0)
         if self._tasks:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if self._weight_store is not None:
+            with contextlib.suppress(Exception):
+                await self._weight_store.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.close(), 5.0)
@@ -140,6 +144,14 @@ class Controller:
         """Thread-safe: a run was created, resumed, paused, stopped or got an enqueue."""
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self._activate, run_id)
+
+    def weight_store(self):
+        """The weight-store client the diagnosis probes with (made on first use, closed with the controller)."""
+        if self._weight_store is None:
+            from weight_store.client import WeightStoreClient
+
+            self._weight_store = WeightStoreClient(self.cfg.weights)
+        return self._weight_store
 
     # --- datasets for the releaser ------------------------------------------------------------
     def reader(self, dataset_id: int) -> tuple[DatasetReader, str, str]:
