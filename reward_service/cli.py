@@ -29,8 +29,22 @@ def _config(config: str | None, overrides: list[str] | None, task: str | None):
 def _scorer_or_exit(cfg) -> None:
     import importlib
 
-    from reward_service.scorers import ScorerError, load_scorer, scorer_ref
+    from reward_service.scorers import ScorerError, is_judge, load_scorer, scorer_ref
 
+    if is_judge(cfg.reward.task, cfg.reward.scorer):
+        from reward_service.judge.judge import Judge
+        from shared.runtime.credentials import SecretFileError
+
+        try:  # its templates, backend settings and key file, before anything is served
+            Judge(cfg.reward.judge)
+            if cfg.reward.judge.backend == "openai":
+                from reward_service.judge.backends import read_api_key
+
+                read_api_key(cfg.reward.judge)
+        except (ValueError, SecretFileError) as exc:
+            typer.secho(f"config error: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        return
     try:
         fn = load_scorer(scorer_ref(cfg.reward.task, cfg.reward.scorer))
         configure = getattr(importlib.import_module(fn.__module__), "configure", None)

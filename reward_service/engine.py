@@ -19,7 +19,16 @@ from typing import Any
 import msgpack
 
 from reward_service.pool import ProcessPool
-from reward_service.scorers import BUILTIN, MODES, Score, call_scorer, load_scorer, scorer_ref
+from reward_service.scorers import (
+    BUILTIN,
+    MODES,
+    GroupFailed,
+    Score,
+    call_scorer,
+    is_judge,
+    load_scorer,
+    scorer_ref,
+)
 from shared.config import RewardConfig
 from shared.contract import codec
 from shared.contract.messages import RewardRequest, RewardResult
@@ -53,6 +62,13 @@ class ScoringEngine:
     def __init__(self, cfg: RewardConfig, task: str | None = None):
         self.cfg = cfg
         self.task = task or cfg.task
+        self.judge = None
+        if is_judge(self.task, cfg.scorer):  # a model judges the group (reward_service/judge/)
+            from reward_service.judge.judge import Judge
+
+            self.judge = Judge(cfg.judge)
+            self.ref, self.mode, self._pool, self._threads = "judge", "judge", None, None
+            return
         self.ref = scorer_ref(self.task, cfg.scorer)
         self.fn = load_scorer(self.ref)  # import errors surface at start, naming the path
         builtin = not cfg.scorer and self.task in BUILTIN
@@ -68,11 +84,15 @@ class ScoringEngine:
         self._pool = ProcessPool(workers, self.ref, cfg.model_dump_json()) if self.mode == "process" else None
 
     async def start(self) -> None:
+        if self.judge is not None:
+            await self.judge.start()
         if self._pool is not None:
             await self._pool.start()
         log.info("scoring task %s with %s (%s)", self.task, self.ref, self.mode)
 
     async def close(self) -> None:
+        if self.judge is not None:
+            await self.judge.close()
         if self._pool is not None:
             await self._pool.close()
         if self._threads is not None:
@@ -96,6 +116,8 @@ class ScoringEngine:
     async def score_group(self, completions: list[str], reference: Any, payload: dict,
                           timeout: float | None = None) -> list[Score]:
         timeout = timeout or self.cfg.scorer_timeout_s
+        if self.judge is not None:  # its own time limit per judge call (reward.judge.request_timeout_s)
+            return await self.judge.score_group(completions, reference, payload)
         if self.mode == "inline":
             fn = self.fn
             return [call_scorer(fn, c, reference, payload) for c in completions]
@@ -121,7 +143,10 @@ class ScoringEngine:
         if problem:
             return error_result(req.task, req.request_id, len(req.completions), problem, t0)
         timeout = min(req.timeout_s, self.cfg.max_scorer_timeout_s) if req.timeout_s else None
-        scores = await self.score_group(req.completions, req.reference, req.payload, timeout)
+        try:
+            scores = await self.score_group(req.completions, req.reference, req.payload, timeout)
+        except GroupFailed as exc:  # e.g. the judge gave no answer: the request fails, no reward is made up
+            return error_result(req.task, req.request_id, len(req.completions), str(exc), t0)
         return RewardResult(task=req.task, rewards=[s.reward for s in scores], request_id=req.request_id,
                             metrics=[s.metrics for s in scores], errors=[s.error for s in scores],
                             elapsed_s=time.perf_counter() - t0)

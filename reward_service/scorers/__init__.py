@@ -58,6 +58,18 @@ MODES: dict[str, str] = {
 }
 
 
+JUDGE = "judge"  # task (or reward.scorer) served by the LLM judge, reward_service/judge/
+
+
+def is_judge(task: str, scorer: str = "") -> bool:
+    """Whether `task` / `reward.scorer` name the LLM judge: task `judge` with no custom scorer, or scorer `judge`."""
+    return scorer == JUDGE or (task == JUDGE and not scorer)
+
+
+class GroupFailed(RuntimeError):
+    """A group scorer could not score the group at all (the judge gave no answer): the request gets `error`."""
+
+
 class ScorerError(ValueError):
     """A scorer name or import path that cannot be resolved."""
 

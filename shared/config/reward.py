@@ -33,6 +33,92 @@ class CodeSandboxConfig(Section):
         "service's own cgroup, usable when it holds no processes or is the root).")
 
 
+class RubricCriterion(Section):
+    """One named criterion of a rubric: judged on its own, weighted in the sum."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                      description="Its name in metrics (`criterion/<name>`) and in the template's {criterion}.")
+    description: str = Field(..., min_length=1, description="What the judge checks, in words ({description}).")
+    weight: float = Field(1.0, gt=0, description="Its weight; the reward is the weighted mean of the criteria.")
+
+
+class PairwiseConfig(Section):
+    """`judge.mode: pairwise`: the group's completions compared with each other (reward_service/judge/pairwise.py)."""
+
+    both_orders: bool = Field(
+        True, description="Judge every pair in both orders (A/B and B/A) and average, so the judge's preference "
+        "for a position cancels; false = one order, the lower index first.")
+    max_opponents: int = Field(
+        0, ge=0, description="Compare each completion with at most this many others, chosen round-robin "
+        "(0 = all others: n(n-1)/2 pairs per group).")
+
+
+class JudgeConfig(Section):
+    """An LLM judge (generative reward model) behind `jetrl reward serve --task judge` (docs/reward.md, "The judge").
+
+    The judge's own weights are fixed: it loads `model` once and never follows the policy's versions.
+    """
+
+    backend: Literal["local", "vllm", "openai"] = Field(
+        "local", description="local / vllm: jetrl's own engine (rollout_service/engines) in the reward process, "
+        "with the local engine's continuous batching or a vLLM server; openai: any OpenAI-compatible "
+        "chat-completions endpoint (`base_url`) through the official openai client.")
+    model: str = Field(
+        "", description="local / vllm: the judge's model dir (a Hugging Face dir; '' = the tiny test model); "
+        "openai: the model name sent with each request.")
+    device: str = Field("cpu", description="local: torch device of the judge model.")
+    max_batch: int = Field(32, ge=1, description="local: most judge prompts decoding together (continuous batching).")
+    vllm_url: str = Field("", description="vllm: base URL of the vLLM server serving `model`.")
+    base_url: str = Field("", description="openai: the endpoint's base URL, e.g. https://api.example.com/v1.")
+    api_key_file: str = Field(
+        "", description="openai: a file holding the API key, mode 0600 (refused otherwise). There is no inline "
+        "key setting, so a key is never on a command line or in a config file.")
+    api_key_env: str = Field(
+        "JETRL_JUDGE_API_KEY", description="openai: the environment variable holding the key when api_key_file "
+        "is '' (unset or empty: no key is sent, for local servers).")
+    request_timeout_s: float = Field(60.0, gt=0, description="Time limit of one judge call; past it the whole request "
+                                     "fails (the reward error path: retried, then dead-lettered).")
+    max_concurrency: int = Field(64, ge=1, description="Judge calls in flight at once across all requests of this "
+                                 "process (the batch the engine or endpoint sees).")
+    max_new_tokens: int = Field(64, ge=1, description="Tokens the judge may write per call (score_line, json, pairwise).")
+    temperature: float = Field(0.0, ge=0, description="Judge sampling temperature (0 = greedy, reproducible).")
+    mode: Literal["pointwise", "pairwise"] = Field(
+        "pointwise", description="pointwise: each completion judged alone (per rubric criterion); pairwise: "
+        "completions of a group compared, reward = win rate.")
+    parser: Literal["score_line", "json", "yes_no"] = Field(
+        "score_line", description="How a pointwise judgement becomes a score in [0, 1]: score_line = the last "
+        "line 'Score: X' (or 'X/scale') divided by `scale`; json = field `json_field` of the last JSON object, "
+        "divided by `scale`; yes_no = P(yes) / (P(yes) + P(no)) of the judge's first token (needs top logprobs).")
+    scale: float = Field(10.0, gt=0, description="score_line / json: the top of the judge's scale (a score of 0..scale).")
+    json_field: str = Field("score", min_length=1, description="json: the field holding the score.")
+    instructions: str = Field(
+        "How well does the response answer the user's request? Judge helpfulness, correctness and clarity.",
+        description="The criterion judged when `rubric` is empty ({description} in the template).")
+    rubric: list[RubricCriterion] = Field(
+        default_factory=list, description="Named, weighted criteria, each judged on its own ([] = one criterion, "
+        "`instructions`, named 'overall').")
+    template: str = Field(
+        "", description="Pointwise prompt template ('' = the built-in for the parser). Fields: {prompt}, "
+        "{reference}, {completion}, {criterion}, {description}, {scale}; the completion is fenced by a nonce.")
+    pairwise_template: str = Field(
+        "", description="Pairwise prompt template ('' = the built-in). Fields: {prompt}, {reference}, "
+        "{completion_a}, {completion_b}, {description}.")
+    pairwise: PairwiseConfig = Field(default_factory=PairwiseConfig)
+    max_completion_chars: int = Field(
+        4000, ge=1, description="A completion longer than this is cut (its head kept, '[truncated]' appended) "
+        "before it is shown to the judge, so a long answer cannot overflow the judge's context.")
+    parse_retries: int = Field(
+        1, ge=0, description="A judgement the parser refuses is asked again this many times (at temperature "
+        "max(temperature, 0.7)) before it counts as unparseable.")
+    on_unparseable: Literal["fail_group", "error_zero"] = Field(
+        "fail_group", description="A judgement still unparseable: fail_group = the whole request gets an error "
+        "(retried, then dead-lettered with the judge's text), error_zero = that completion gets reward 0 with "
+        "its error in errors[i] (counted in jetrl_reward_completion_errors_total).")
+    cache_size: int = Field(
+        65536, ge=0, description="Judgements remembered per process (LRU over criterion, prompt, reference, "
+        "completion; pairs for pairwise): an identical question is not judged twice (0 = off).")
+
+
 class RewardConfig(Section):
     task: str = Field("gsm8k", description="Reward task: a built-in scorer name, served on jetrl.reward.<task>.")
     scorer: str = Field("", description="Custom scorer as 'package.module:function' ('' = the built-in for `task`).")
@@ -52,4 +138,4 @@ class RewardConfig(Section):
     )
     max_completions: int = Field(4096, ge=1, description="Service: most completions in one request.")
     code: CodeSandboxConfig = Field(default_factory=CodeSandboxConfig)
-
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
