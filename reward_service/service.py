@@ -48,6 +48,13 @@ class RewardMetrics:
         # sum of rewards (mean = this / completions): one update per request, not per completion
         self.reward_sum = Counter("jetrl_reward_value_sum", "Sum of rewards given", ["task"], registry=r)
         self.in_flight = Gauge("jetrl_reward_in_flight", "Requests being scored", ["task"], registry=r)
+        # the LLM judge (reward_service/judge): each criterion's score (mean = sum / count) and its calls
+        self.criterion_sum = Counter("jetrl_reward_criterion_sum", "Sum of a judge criterion's scores",
+                                     ["task", "criterion"], registry=r)
+        self.criterion_count = Counter("jetrl_reward_criterion_count", "Completions a judge criterion scored",
+                                       ["task", "criterion"], registry=r)
+        self.judge = Gauge("jetrl_reward_judge", "Judge counters: calls, cache_hits, retries, unparseable, "
+                           "unavailable", ["task", "counter"], registry=r)
 
 
 class RewardService:
@@ -128,6 +135,16 @@ class RewardService:
         total = sum(result.rewards)
         if total > 0:
             m.reward_sum.labels(self.task).inc(total)
+        judge = self.engine.judge
+        if judge is not None:
+            for metrics in result.metrics:
+                for k, v in metrics.items():
+                    if k.startswith(("criterion/", "pairwise/win_rate")):
+                        name = k.split("/", 1)[1] if k.startswith("criterion/") else "win_rate"
+                        m.criterion_sum.labels(self.task, name).inc(max(float(v), 0.0))
+                        m.criterion_count.labels(self.task, name).inc()
+            for k, v in judge.stats.items():
+                m.judge.labels(self.task, k).set(v)
 
     async def _events_stream_ready(self) -> bool:
         try:
@@ -153,6 +170,8 @@ class RewardService:
             await self.events.emit("health", {"status": "ok", "instance": self.instance, "task": self.task,
                                               "handled": self.handled, "in_flight": len(self._tasks),
                                               "pool_restarts": self.engine.pool_restarts,
+                                              **({"judge": dict(self.engine.judge.stats)}
+                                                 if self.engine.judge is not None else {}),
                                               "uptime_s": round(time.time() - self.started_at, 1)})
             await self._pause()
 

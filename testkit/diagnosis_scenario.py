@@ -52,7 +52,7 @@ def merged(base: dict, extra: dict) -> dict:
 
 class DiagnosedRun:
     def __init__(self, tmp: Path, run: str, settings: dict | None = None, prompts: int = 4000,
-                 extra_rows: list[dict] | None = None, env: dict[str, str] | None = None):
+                 extra_rows: list[dict] | None = None, env: dict[str, str] | None = None, reward_replicas: int = 1):
         self.tmp, self.run = Path(tmp), run
         data = merged(BASE, settings or {})
         data["run"] = run
@@ -64,7 +64,7 @@ class DiagnosedRun:
             train.write_text("".join(json.dumps(r) + "\n" for r in extra_rows) + train.read_text())
         self.dataset = train
         self.launcher = Launcher(self.cfg, UpOptions(run_dir=self.tmp / run, echo_logs=False, with_eval=False,
-                                                     env=env or {}))
+                                                     env=env or {}, reward_replicas=reward_replicas))
         self.stopped: list[str] = []  # SIGSTOPped children, continued before the stop
 
     async def start(self) -> None:

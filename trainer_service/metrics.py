@@ -78,3 +78,17 @@ def record_step(stats: dict, batch, samples: int, reward_mean: float) -> None:
     BEHAV_WEIGHT.set(stats["behav_weight_mean"])
     CAPPED_FRAC.set(stats["capped_frac"])
     ADV_ABS.set(stats["adv_abs_mean"])
+
+
+JUDGE_METRICS = ("reward_criterion/", "reward_pairwise/")  # the LLM judge's per-criterion scores and win rates
+
+
+def judge_metric_means(samples) -> dict[str, float]:
+    """Mean over `samples` of each numeric judge metric (`reward_criterion/<name>`, `reward_pairwise/...`, from
+    the reward service's per-completion metrics), for the step event: the dashboard and trackers plot them."""
+    acc: dict[str, list[float]] = {}
+    for s in samples:
+        for k, v in (s.metrics or {}).items():
+            if k.startswith(JUDGE_METRICS) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                acc.setdefault(k, []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in sorted(acc.items())[:32]}

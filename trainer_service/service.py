@@ -415,7 +415,8 @@ class Trainer:
                 "staleness_hist": {str(k): v for k, v in sorted(batch.staleness_hist.items())}, **stats,
                 "wall_s": wall, "timings": stages, "rollout_timings": rollout,
                 "publish_store_s": self._store_s,  # the last finished write + upload (overlapped or not)
-                **metrics.memory_gb()}
+                **metrics.memory_gb(),
+                **metrics.judge_metric_means(s for g in batch.groups for s in g.samples)}
         metrics.record_stages(stages, rollout["queue_wait"])
         await self.events.emit("step", data)
         # Acked (retried through a NATS outage): the controller's ledger learns the outcomes only from

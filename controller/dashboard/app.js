@@ -135,7 +135,7 @@ function renderHealth(h) {
 }
 
 function renderMetrics(m) {
-  const rewardNames = Object.keys(m).filter((n) => /\.(reward_mean|accuracy|reward|acc)$/.test(n)).sort();
+  const rewardNames = Object.keys(m).filter((n) => /\.(reward_mean|accuracy|reward|acc)$|^trainer\.reward_(criterion|pairwise)\//.test(n)).sort();
   const r = merge(m, rewardNames);
   chart("chart-reward", r.xs, r.series, { xlabel: "version", empty: "no trainer steps yet" });
   const tpNames = Object.keys(m).filter((n) => /tokens_per_s$/.test(n)).sort();

@@ -177,3 +177,24 @@ async def test_smollm2_as_a_yes_no_judge(tmp_path):
     assert all(0.0 < x.reward < 1.0 and x.error is None for x in out)
     assert out[0].reward == out[2].reward  # one question, asked once
     assert j.stats["calls"] == 2
+
+
+async def test_the_judge_against_jetrls_own_openai_compatible_endpoint(tmp_path, monkeypatch):
+    """jetrl's agent endpoint (the tiny policy behind the official API shape) as the judge's server: the
+    request, the key and the logprobs go through for real; the untrained model's words are refused, each
+    with the reason, never scored."""
+    sys.path.insert(0, str(ROOT / "tests" / "rollout"))
+    from agent_helpers import agent_config, task, tiny_endpoint
+
+    async with tiny_endpoint(agent_config(service={"max_new_tokens": 8})) as (server, _, _):
+        session = server.store.open(task(), 0)
+        monkeypatch.setenv("JETRL_JUDGE_API_KEY", session.key)
+        base = dict(backend="openai", base_url=server.store.url(session), model="policy", max_new_tokens=4,
+                    template="Grade: {completion}", parse_retries=0, on_unparseable="error_zero")
+        out = await scored(Judge(JudgeConfig(**base)), ["max 3", "8"])
+        assert all(x.reward == 0.0 and "no line 'Score: N'" in x.error for x in out)
+        out = await scored(Judge(JudgeConfig(**base, parser="yes_no")), ["max 3"])
+        assert "neither 'yes' nor 'no' among the judge's first-token candidates" in out[0].error
+        monkeypatch.setenv("JETRL_JUDGE_API_KEY", "wrong")
+        with pytest.raises(JudgeFailed, match="HTTP 401"):
+            await scored(Judge(JudgeConfig(**base)), ["max 3"])

@@ -149,3 +149,19 @@ async def test_trackio_project_is_read_back_with_trackios_storage(nats_server, j
     assert loss == [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
     assert sorted((r["step"], r["rollouts/reward_mean"]) for r in logs if "rollouts/reward_mean" in r) == [(0, 0.25),
                                                                                                           (1, 1.0)]
+
+
+def test_the_judges_criteria_reach_the_step_event_and_the_tracker():
+    from trainer_service.metrics import judge_metric_means
+
+    samples = [sample(1, 0.5), sample(1, 1.0), sample(1, 0.0)]
+    samples[0].metrics = {"reward_criterion/polite": 0.25, "reward_criterion/helpful": 1.0, "reward_error": "x"}
+    samples[1].metrics = {"reward_criterion/polite": 0.75, "reward_format": 1, "reward_pairwise/win_rate": 0.5}
+    samples[2].metrics = {"reward_criterion/polite": True}  # not a score: left out
+    means = judge_metric_means(samples)
+    assert means == {"reward_criterion/helpful": 1.0, "reward_criterion/polite": 0.5,
+                     "reward_pairwise/win_rate": 0.5}
+    ev = step_event(3)
+    ev.data.update(means)
+    _, s = event_scalars(ev)
+    assert s["train/reward_criterion/polite"] == 0.5 and s["train/reward_pairwise/win_rate"] == 0.5
