@@ -48,13 +48,18 @@ def judge_engine_config(cfg: JudgeConfig) -> JetrlConfig:
     """The run config a jetrl engine needs to serve the judge: its model, device and batch, nothing else."""
     return JetrlConfig.model_validate({
         "model": {"path": cfg.model},
-        "rollout": {"engine": cfg.backend, "device": cfg.device, "local": {"max_batch": cfg.max_batch},
+        "rollout": {"engine": cfg.backend, "device": cfg.device,
+                    "local": {"max_batch": cfg.max_batch, "max_prefill_batch": cfg.max_batch,
+                              "torch_threads": cfg.torch_threads},
                     "vllm": {"url": cfg.vllm_url, "request_timeout_s": cfg.request_timeout_s}}})
 
 
 class EngineBackend(Backend):
     """The judge on a jetrl engine in this process. Concurrent asks are batched by the engine (the local
-    engine decodes up to `judge.max_batch` of them together, vLLM batches on its server)."""
+    engine decodes up to `judge.max_batch` of them together, vLLM batches on its server).
+
+    The local engine is handed at most `max_batch` calls at once, so each one runs as soon as it is handed
+    over and `request_timeout_s` times the judging, not a wait in the engine's queue behind other calls."""
 
     def __init__(self, cfg: JudgeConfig, engine: Any = None, tokenizer: Any = None):
         from rollout_service.engines import make_engine
@@ -64,6 +69,7 @@ class EngineBackend(Backend):
         self.engine = engine if engine is not None else make_engine(judge_engine_config(cfg))
         self.tokenizer = tokenizer
         self._yes_no: list[int] = []
+        self._slots = asyncio.Semaphore(cfg.max_batch) if cfg.backend == "local" else None
 
     async def start(self) -> None:
         await self.engine.start()
@@ -99,10 +105,13 @@ class EngineBackend(Backend):
                                 top_logprobs=len(self._yes_no))
         else:
             sp = SamplingParams(temperature=temperature, max_new_tokens=max_tokens)
+        req = GenerateRequest(prompt_ids=self.encode(messages), sampling=sp)
         try:
-            res = await asyncio.wait_for(self.engine.generate(GenerateRequest(prompt_ids=self.encode(messages),
-                                                                              sampling=sp)),
-                                         self.cfg.request_timeout_s)
+            if self._slots is None:
+                res = await asyncio.wait_for(self.engine.generate(req), self.cfg.request_timeout_s)
+            else:
+                async with self._slots:
+                    res = await asyncio.wait_for(self.engine.generate(req), self.cfg.request_timeout_s)
         except asyncio.TimeoutError:
             raise JudgeUnavailable(f"the {self.name} judge engine gave no answer in "
                                    f"{self.cfg.request_timeout_s:g} s") from None

@@ -67,7 +67,9 @@ class JudgeConfig(Section):
         "", description="local / vllm: the judge's model dir (a Hugging Face dir; '' = the tiny test model); "
         "openai: the model name sent with each request.")
     device: str = Field("cpu", description="local: torch device of the judge model.")
-    max_batch: int = Field(32, ge=1, description="local: most judge prompts decoding together (continuous batching).")
+    max_batch: int = Field(32, ge=1, description="local: most judge prompts decoding (and prefilled) together "
+                           "(continuous batching); more wait, and request_timeout_s starts when the engine takes one.")
+    torch_threads: int = Field(0, ge=0, description="local: torch threads of the judge's engine (0 = torch's default).")
     vllm_url: str = Field("", description="vllm: base URL of the vLLM server serving `model`.")
     base_url: str = Field("", description="openai: the endpoint's base URL, e.g. https://api.example.com/v1.")
     api_key_file: str = Field(
@@ -76,8 +78,9 @@ class JudgeConfig(Section):
     api_key_env: str = Field(
         "JETRL_JUDGE_API_KEY", description="openai: the environment variable holding the key when api_key_file "
         "is '' (unset or empty: no key is sent, for local servers).")
-    request_timeout_s: float = Field(60.0, gt=0, description="Time limit of one judge call; past it the whole request "
-                                     "fails (the reward error path: retried, then dead-lettered).")
+    request_timeout_s: float = Field(60.0, gt=0, description="Time limit of one judge call (local: from when the "
+                                     "engine takes it); past it the whole request fails (the reward error path: "
+                                     "retried, then dead-lettered; the group's finished judgements stay cached).")
     max_concurrency: int = Field(64, ge=1, description="Judge calls in flight at once across all requests of this "
                                  "process (the batch the engine or endpoint sees).")
     max_new_tokens: int = Field(64, ge=1, description="Tokens the judge may write per call (score_line, json, pairwise).")
