@@ -74,6 +74,8 @@ class RewardService:
         self._tasks: set[asyncio.Task] = set()
         self._svc = None
         self._health: asyncio.Task | None = None
+        self._follow: asyncio.Task | None = None  # reward.judge.follow_policy
+        self.js = js
         # The health loop stops on this event, not on cancel() alone: on Python 3.11 a cancel that lands
         # while nats-py's request (asyncio.wait_for) completes is swallowed, and the loop would run on.
         self._stopping = asyncio.Event()
@@ -88,6 +90,13 @@ class RewardService:
         await self._svc.add_endpoint(name=self.task, subject=self.subject, handler=self._on_request,
                                      queue_group=subjects.REWARD_QUEUE_GROUP, metadata={"task": self.task})
         await bus.flush(self.nc)  # the endpoint is registered before we say so
+        judge = self.engine.judge
+        if judge is not None and self.cfg.reward.judge.follow_policy:
+            from reward_service.judge.follow import follow_run
+
+            if self.js is None:
+                raise ValueError("reward.judge.follow_policy needs JetStream (the weights KV)")
+            self._follow = asyncio.create_task(follow_run(judge, self.js, self.cfg))
         if self.events is not None:
             self._health = asyncio.create_task(self._health_loop())
         log.info("reward service %s answering %s (queue %s, concurrency %d)", self.instance, self.subject,
@@ -178,6 +187,10 @@ class RewardService:
     async def stop(self, drain_s: float = 10.0) -> None:
         """Stop taking requests, let the ones in flight finish (up to drain_s), release the pool."""
         self._stopping.set()
+        if self._follow is not None:
+            self._follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._follow
         if self._health is not None:
             self._health.cancel()
             with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):

@@ -53,10 +53,14 @@ class Judge:
         else:
             template.check_template(self.pair_template, template.PAIRWISE_FIELDS, ("completion_a", "completion_b"),
                                     "reward.judge.pairwise_template")
+        if cfg.follow_policy and cfg.backend == "openai":
+            raise ValueError("reward.judge.follow_policy: only a judge on jetrl's own engine (backend local or "
+                             "vllm) can load the policy's versions")
         self.backend = backend or make_backend(cfg)
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._cache: OrderedDict[str, asyncio.Future] = OrderedDict()
-        self.stats = {"calls": 0, "cache_hits": 0, "unparseable": 0, "retries": 0, "unavailable": 0}
+        self.stats = {"calls": 0, "cache_hits": 0, "unparseable": 0, "retries": 0, "unavailable": 0,
+                      "policy_version": -1}
 
     async def start(self) -> None:
         await self.backend.start()
@@ -65,6 +69,11 @@ class Judge:
 
     async def close(self) -> None:
         await self.backend.close()
+
+    def swapped(self, version: int) -> None:
+        """follow_policy loaded a policy version: answers given by the older weights are forgotten."""
+        self._cache.clear()
+        self.stats["policy_version"] = version
 
     # --- one question, asked once ---------------------------------------------------------------
 

@@ -117,6 +117,10 @@ class JudgeConfig(Section):
         "fail_group", description="A judgement still unparseable: fail_group = the whole request gets an error "
         "(retried, then dead-lettered with the judge's text), error_zero = that completion gets reward 0 with "
         "its error in errors[i] (counted in jetrl_reward_completion_errors_total).")
+    follow_policy: bool = Field(
+        False, description="local / vllm: swap in every weight version the run's trainer announces, so the policy "
+        "judges itself (judge.model must be the policy's model). Off: the judge's weights are fixed, which is what "
+        "keeps its scores comparable and harder to train against (reward_service/judge/follow.py).")
     cache_size: int = Field(
         65536, ge=0, description="Judgements remembered per process (LRU over criterion, prompt, reference, "
         "completion; pairs for pairwise): an identical question is not judged twice (0 = off).")

@@ -121,8 +121,9 @@ def permissions(role: str, run: str = "*") -> dict:
                f"$KV.{_S.WEIGHTS_KV_BUCKET}.{r}", *_kv_read(r), *_ordered(_S.EVENTS_STREAM)]
         return {"publish": {"allow": pub}, "subscribe": {"allow": inbox}}
     if role == "reward":
-        # A NATS micro service: answers requests (allow_responses) on jetrl.reward.<task> and $SRV.*.
-        pub = [*_bind_streams(), "jetrl.*.events.reward" if r == "*" else _events(r, "reward")]
+        # A NATS micro service: answers requests (allow_responses) on jetrl.reward.<task> and $SRV.*; reads
+        # the weights KV for reward.judge.follow_policy (reward_service/judge/follow.py).
+        pub = [*_bind_streams(), "jetrl.*.events.reward" if r == "*" else _events(r, "reward"), *_kv_read(r)]
         return {"publish": {"allow": pub}, "subscribe": {"allow": [*inbox, "jetrl.reward.*", "$SRV.>"]},
                 "allow_responses": True}
     if role == "tracker":

@@ -119,7 +119,8 @@ async def test_each_service_path_works_with_its_own_user(server):
 
     await setup_streams(server)
     async with (as_role(server, "controller") as ctl, as_role(server, "rollout") as w,
-                as_role(server, "trainer") as t, as_role(server, "tracker") as trk, as_role(server, "eval") as ev):
+                as_role(server, "trainer") as t, as_role(server, "tracker") as trk, as_role(server, "eval") as ev,
+                as_role(server, "reward") as rw):
         await bus.ensure_streams(w.js, StreamsConfig(manage=False))
         # tracker: ordered consumers on events and trajectories (stream looked up by subject)
         seen: list[str] = []
@@ -185,10 +186,11 @@ async def test_each_service_path_works_with_its_own_user(server):
         assert (await ctl.js.consumer_info(subjects.PROMPTS_STREAM, subjects.rollout_consumer(RUN))).num_pending == 0
         last = await ctl.js.get_last_msg(subjects.TRAJECTORIES_STREAM, subjects.trajectories(RUN))
         assert last.data == b"group"
-        # weights: the trainer announces, the rollout, eval and controller read it
+        # weights: the trainer announces, the rollout, eval and controller read it (and the reward service,
+        # for a judge that follows the policy: reward.judge.follow_policy)
         await announce(t.js, WeightVersion(run=RUN, version=3, sha256="b" * 64))
         version = 3
-        for reader in (w, ev, ctl):
+        for reader in (w, ev, ctl, rw):
             assert (await latest(reader.js, RUN)).version == version
             watching = watch(reader.js, RUN, idle_s=0.3)  # kv.watch: ordered consumer + its consumer info
             assert (await asyncio.wait_for(watching.__anext__(), 10)).version == version
@@ -204,7 +206,7 @@ async def test_each_service_path_works_with_its_own_user(server):
         assert subjects.trajectories(RUN) in seen and subjects.events(RUN, "rollout") in seen
         for s in subs:
             await s.unsubscribe()
-        for c in (ctl, w, t, trk, ev):
+        for c in (ctl, w, t, trk, ev, rw):
             assert not c.violations(), c.violations()
 
 
