@@ -33,15 +33,10 @@ def _scorer_or_exit(cfg) -> None:
 
     if is_judge(cfg.reward.task, cfg.reward.scorer):
         from reward_service.judge.judge import Judge
-        from shared.runtime.credentials import SecretFileError
 
-        try:  # its templates, backend settings and key file, before anything is served
+        try:  # its templates, backend settings and key file (a SecretFileError is a ValueError), before serving
             Judge(cfg.reward.judge)
-            if cfg.reward.judge.backend == "openai":
-                from reward_service.judge.backends import read_api_key
-
-                read_api_key(cfg.reward.judge)
-        except (ValueError, SecretFileError) as exc:
+        except ValueError as exc:
             typer.secho(f"config error: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
         return

@@ -12,7 +12,13 @@ from collections import defaultdict
 
 import numpy as np
 
-from shared.contract.messages import ROLLOUT_STAGES, TRAINER_STAGES, Event, TrajectoryGroup
+from shared.contract.messages import (
+    JUDGE_METRIC_PREFIXES,
+    ROLLOUT_STAGES,
+    TRAINER_STAGES,
+    Event,
+    TrajectoryGroup,
+)
 
 # trainer "step" data key -> scalar name
 STEP_KEYS = {
@@ -48,9 +54,9 @@ def event_scalars(ev: Event) -> tuple[int, dict[str, float]] | None:
     out: dict[str, float] = {}
     if ev.service == "trainer" and ev.kind == "step":
         out = {name: x for k, name in STEP_KEYS.items() if (x := _num(d.get(k))) is not None}
-        # the LLM judge's criteria and win rates (trainer_service/metrics.py:judge_metric_means)
+        # the LLM judge's criteria and win rates (their batch means: trainer_service/metrics.py)
         out.update({f"train/{k}": x for k, v in d.items()
-                    if k.startswith(("reward_criterion/", "reward_pairwise/")) and (x := _num(v)) is not None})
+                    if k.startswith(JUDGE_METRIC_PREFIXES) and (x := _num(v)) is not None})
         hist = d.get("staleness_hist")
         if isinstance(hist, dict) and (m := staleness_mean(hist)) is not None:
             out["train/staleness_mean"] = m

@@ -9,6 +9,8 @@ import resource
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from shared.contract.messages import JUDGE_METRIC_PREFIXES
+
 VERSION = Gauge("jetrl_trainer_version", "Policy version the trainer is at (last published).")
 STEPS = Counter("jetrl_trainer_steps_total", "Optimizer steps taken.")
 GROUPS = Counter("jetrl_trainer_groups_total", "Trajectory groups by outcome.", ["outcome"])
@@ -80,15 +82,12 @@ def record_step(stats: dict, batch, samples: int, reward_mean: float) -> None:
     ADV_ABS.set(stats["adv_abs_mean"])
 
 
-JUDGE_METRICS = ("reward_criterion/", "reward_pairwise/")  # the LLM judge's per-criterion scores and win rates
-
-
 def judge_metric_means(samples) -> dict[str, float]:
     """Mean over `samples` of each numeric judge metric (`reward_criterion/<name>`, `reward_pairwise/...`, from
     the reward service's per-completion metrics), for the step event: the dashboard and trackers plot them."""
     acc: dict[str, list[float]] = {}
     for s in samples:
         for k, v in (s.metrics or {}).items():
-            if k.startswith(JUDGE_METRICS) and isinstance(v, (int, float)) and not isinstance(v, bool):
+            if k.startswith(JUDGE_METRIC_PREFIXES) and isinstance(v, (int, float)) and not isinstance(v, bool):
                 acc.setdefault(k, []).append(float(v))
     return {k: sum(v) / len(v) for k, v in sorted(acc.items())[:32]}

@@ -159,13 +159,14 @@ class OpenAIBackend(Backend):
         if not cfg.model:
             raise ValueError("reward.judge.model: the openai backend needs the model name to send")
         self.cfg = cfg
+        self.key = read_api_key(cfg)  # here, so that building the judge checks the key file (SecretFileError)
         self.client = None
 
     async def start(self) -> None:
         from openai import AsyncOpenAI
 
         # a local server needs no key, but the client refuses an empty one: send a placeholder, never a secret
-        self.client = AsyncOpenAI(base_url=self.cfg.base_url, api_key=read_api_key(self.cfg) or "none",
+        self.client = AsyncOpenAI(base_url=self.cfg.base_url, api_key=self.key or "none",
                                   timeout=self.cfg.request_timeout_s, max_retries=0)
 
     async def close(self) -> None:

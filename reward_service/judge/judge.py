@@ -9,9 +9,9 @@ pairwise   the group's completions are compared in pairs (pairwise.py) with the 
            completions tie and an empty one loses, without a judge call
 
 Every judge call of every concurrent request goes to the backend at once, up to `max_concurrency`, so the
-engine batches them. Identical questions (same template, criterion, prompt, reference, completion; same
-ordered pair) are asked once: an LRU of answers, and a second asker awaits the first's call. A judgement
-the parser refuses is asked again `parse_retries` times; then `on_unparseable` decides. A backend that
+engine batches them. Identical questions (same criterion, prompt, reference and completion, or the same
+ordered pair; a Judge's template, parser and scale never change) are asked once: an LRU of answers, and a
+second asker awaits the first's call. A judgement the parser refuses is asked again `parse_retries` times; then `on_unparseable` decides. A backend that
 gives no answer (JudgeUnavailable) fails the whole group (JudgeFailed): the rollout worker retries it and
 the stream dead-letters it with the reason; no made-up reward is ever given.
 """
@@ -158,7 +158,7 @@ class Judge:
             text = template.render(self.template, {
                 "prompt": prompt, "reference": ref, "completion": completion, "criterion": name,
                 "description": description, "scale": f"{c.scale:g}", "fence": template.fence()})
-            key = self._key("point", self.template, c.parser, c.scale, name, description, prompt, ref, completion)
+            key = self._key("point", name, description, prompt, ref, completion)
             return await self._cached(key, lambda: self._ask(text, parse_reply, yes_no))
 
         async def empty() -> float:
@@ -196,7 +196,7 @@ class Judge:
             text = template.render(self.pair_template, {
                 "prompt": prompt, "reference": ref, "completion_a": shown[a], "completion_b": shown[b],
                 "description": description, "fence_a": template.fence(), "fence_b": template.fence()})
-            key = self._key("pair", self.pair_template, description, prompt, ref, shown[a], shown[b])
+            key = self._key("pair", prompt, ref, shown[a], shown[b])
             return await self._cached(key, lambda: self._ask(text, lambda r: parse.choice(r.text), False))
 
         results = await asyncio.gather(*(one(a, b) for a, b in order), return_exceptions=True)

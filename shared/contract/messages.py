@@ -228,6 +228,10 @@ TRAINER_STAGES = ("wait", "prepare", "forward", "backward", "optimizer", "train_
                   "checkpoint")
 ROLLOUT_STAGES = ("generate", "reward", "tools", "queue_wait")
 WEIGHT_STAGES = ("fetch", "swap")
+# Keys of an LLM judge's per-completion scores in Sample.metrics (the reward service's `criterion/<name>` and
+# `pairwise/...` metrics, prefixed `reward_` by the rollout worker): the trainer's "step" event carries their
+# batch means under the same keys, and the tracker and the dashboard plot them.
+JUDGE_METRIC_PREFIXES = ("reward_criterion/", "reward_pairwise/")
 
 
 @register_message
