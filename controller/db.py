@@ -22,6 +22,8 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
+    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
@@ -125,6 +127,9 @@ class WeightVersionRow(Base):
     run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     step: Mapped[int] = mapped_column(Integer, default=0)
+    # WeightVersion.short: groups the steps behind it trained short of a batch (null in databases of
+    # controllers before 0.11.1: read as 0)
+    short: Mapped[int | None] = mapped_column(Integer, nullable=True, default=0)
     manifest_url: Mapped[str] = mapped_column(Text, default="")
     sha256: Mapped[str] = mapped_column(String(64), default="")
     created_at: Mapped[float] = mapped_column(Float, default=now)
@@ -281,12 +286,28 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8)
 
 
+def _add_new_columns(engine: Engine) -> None:
+    """Nullable columns added to a table since a database was made (create_all skips existing tables):
+    ALTER TABLE ... ADD COLUMN, which SQLite and PostgreSQL both do in place."""
+    insp = inspect(engine)
+    for table in Base.metadata.sorted_tables:
+        if not insp.has_table(table.name):
+            continue
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for col in table.columns:
+            if col.name not in have and col.nullable:
+                kind = col.type.compile(dialect=engine.dialect)
+                with engine.begin() as conn:
+                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}'))
+
+
 def open_database(url: str) -> tuple[Engine, sessionmaker]:
     """Connect, create missing tables, record/check the schema version. Returns (engine, Session)."""
     engine = make_engine(url)
     Base.metadata.create_all(engine)
     for idx in EventRow.__table__.indexes:  # indexes added since a table was made (create_all skips the table)
         idx.create(engine, checkfirst=True)
+    _add_new_columns(engine)
     Session = sessionmaker(engine, expire_on_commit=False)
     with Session.begin() as s:
         row = s.get(Meta, "schema_version")

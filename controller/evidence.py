@@ -64,8 +64,7 @@ def from_database(Session_, run_id: str) -> dict:
         cfg = r.config or {}
         sched = cfg.get("schedule", {}) or {}
         ms, bs = sched.get("max_staleness", 4), sched.get("batch_size", 8)
-        bound = ledger.admission_bound(ledger.announced_step(s, run_id, r.current_version), ms, bs,
-                                       sched.get("total_steps", 0), (cfg.get("trainer") or {}).get("publish_every", 1))
+        _, bound = ledger.run_bound(s, run_id, cfg, r.current_version)
         prog = completion.progress(s, run_id)
         top = s.scalar(select(func.max(EventRow.id)).where(EventRow.run_id == run_id)) or 0
         health = [{"service": h.service, "instance": h.instance, "last_seen": h.last_seen, "data": h.data or {}}

@@ -238,7 +238,8 @@ def record_version(Session_, run_id: str, wv: WeightVersion) -> None:
         return
     with Session_.begin() as s:
         if s.get(WeightVersionRow, (run_id, wv.version)) is None:
-            s.add(WeightVersionRow(run_id=run_id, version=wv.version, step=_int32(wv.step) or 0, manifest_url=wv.manifest_url,
+            s.add(WeightVersionRow(run_id=run_id, version=wv.version, step=_int32(wv.step) or 0,
+                                   short=max(_int32(wv.short) or 0, 0), manifest_url=wv.manifest_url,
                                    sha256=wv.sha256, created_at=wv.created_at, seen_at=now()))
         s.execute(update(Run).where(Run.id == run_id, Run.current_version < wv.version)
                   .values(current_version=wv.version, updated_at=now()))
@@ -308,7 +309,7 @@ class RunFollower:
             return
         await asyncio.to_thread(record_version, self.ctl.Session, self.run_id, wv)
         if self.releaser is not None:
-            self.releaser.set_version(wv.version, _int32(wv.step) or 0)
+            self.releaser.set_version(wv.version, _int32(wv.step) or 0, max(_int32(wv.short) or 0, 0))
 
     async def _watch_weights(self) -> None:
         backoff = 0.2

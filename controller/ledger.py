@@ -86,26 +86,46 @@ def outstanding(session: Session, run_id: str) -> int:
 
 
 def admission_bound(steps: int, max_staleness: int, batch_size: int, total_steps: int = 0,
-                    publish_every: int = 1) -> int:
+                    publish_every: int = 1, short: int = 0) -> int:
     """Groups that may be released and not freed (trained ones count): (steps + (max_staleness + 1) x
-    publish_every) x batch_size, where `steps` is the trainer's optimizer step of the newest announced
-    version (0 before any). With one version per step that is AReaL's (version + max_staleness + 1) x
-    batch_size. Steps, not versions: a trainer resumed from an older checkpoint numbers its versions on
-    after the highest announced one while its lineage has trained fewer batches; counted in versions,
-    the window grew by the lost steps and groups outlived the staleness bound (measured: 15-20 % dropped
-    after a trainer kill). Never more than total_steps x batch_size when the run has a length
-    (total_steps > 0): the trainer stops after total_steps batches, so a group released beyond that would
-    never be trained and the run would end with groups in flight."""
+    publish_every) x batch_size - short, where `steps` is the trainer's optimizer step of the newest announced
+    version (0 before any) and `short` how many groups those steps trained short of full batches (the
+    version's WeightVersion.short: drained last batches, controller/completion.py). With one version per step and full batches
+    that is AReaL's (version + max_staleness + 1) x batch_size. Steps, not versions: a trainer resumed from
+    an older checkpoint numbers its versions on after the highest announced one while its lineage has
+    trained fewer batches; counted in versions, the window grew by the lost steps and groups outlived the
+    staleness bound (measured: 15-20 % dropped after a trainer kill). Never more than total_steps x
+    batch_size - short when the run has a length (total_steps > 0): the trainer stops after total_steps
+    steps, so a group released beyond that would never be trained and the run would end with groups in
+    flight (measured before `short`: a run paced by its enqueues drained a smaller batch mid-run and ended
+    at total_steps with 4 groups received and never trained)."""
     bound = (max(steps, 0) + (max_staleness + 1) * publish_every) * batch_size
-    return min(bound, total_steps * batch_size) if total_steps > 0 else bound
+    if total_steps > 0:
+        bound = min(bound, total_steps * batch_size)
+    return bound - max(short, 0)
+
+
+def run_bound(session: Session, run_id: str, config: dict, version: int) -> tuple[int, int]:
+    """(step of announced `version`, admission bound) of a run from its stored config dict."""
+    sched = config.get("schedule", {}) or {}
+    step, short = announced(session, run_id, version)
+    return step, admission_bound(step, sched.get("max_staleness", 4), sched.get("batch_size", 8),
+                                 sched.get("total_steps", 0), (config.get("trainer") or {}).get("publish_every", 1),
+                                 short)
 
 
 def announced_step(session: Session, run_id: str, version: int) -> int:
     """The trainer step recorded with announced `version` (0 when there is none)."""
+    return announced(session, run_id, version)[0]
+
+
+def announced(session: Session, run_id: str, version: int) -> tuple[int, int]:
+    """(step, short) recorded with announced `version` ((0, 0) when there is none): WeightVersion.step/short."""
     if version < 0:
-        return 0
-    return session.scalar(select(WeightVersionRow.step).where(WeightVersionRow.run_id == run_id,
-                                                              WeightVersionRow.version == version)) or 0
+        return 0, 0
+    row = session.execute(select(WeightVersionRow.step, WeightVersionRow.short).where(
+        WeightVersionRow.run_id == run_id, WeightVersionRow.version == version)).first()
+    return (row[0] or 0, row[1] or 0) if row is not None else (0, 0)
 
 
 def reserve(Session_: sessionmaker, run_id: str, rows: list[dict], cursors: dict[int, int], acked_seq: int) -> None:

@@ -154,6 +154,7 @@ class RunReleaser:
         self.current_version = -1
         self.current_step = 0  # the trainer step of current_version (see ledger.admission_bound)
         self.outstanding = 0
+        self.short = 0  # WeightVersion.short of current_version (see ledger.admission_bound)
         self._perm_cache: dict = {}
         self._cfg: JetrlConfig | None = None
         self._recount = False
@@ -169,9 +170,9 @@ class RunReleaser:
         self._stop.set()
         self._wake.set()
 
-    def set_version(self, version: int, step: int) -> None:
+    def set_version(self, version: int, step: int, short: int = 0) -> None:
         if version > self.current_version:
-            self.current_version, self.current_step = version, step
+            self.current_version, self.current_step, self.short = version, step, short
             self.wake()
 
     async def refresh(self) -> None:
@@ -187,12 +188,12 @@ class RunReleaser:
         restart during a burst of trainer steps, the bound fell below the groups already out, nothing
         was released, the trainer starved and no newer version ever came to lift it.)"""
         if version > self.current_version:
-            step = await asyncio.to_thread(self._announced_step, version)
-            self.set_version(version, step)
+            step, short = await asyncio.to_thread(self._announced, version)
+            self.set_version(version, step, short)
 
-    def _announced_step(self, version: int) -> int:
+    def _announced(self, version: int) -> tuple[int, int]:
         with self.ctl.Session() as s:
-            return ledger.announced_step(s, self.run_id, version)
+            return ledger.announced(s, self.run_id, version)
 
     def _count(self) -> int:
         with self.ctl.Session() as s:
@@ -284,7 +285,7 @@ class RunReleaser:
     def budget(self, cfg: JetrlConfig) -> int:
         sc = cfg.schedule
         bound = ledger.admission_bound(self.current_step, sc.max_staleness, sc.batch_size, sc.total_steps,
-                                       cfg.trainer.publish_every)
+                                       cfg.trainer.publish_every, self.short)
         return bound - self.outstanding
 
     def _rate_allowance(self, want: int) -> int:

@@ -117,13 +117,12 @@ def parse_run_config(body: bytes, content_type: str) -> JetrlConfig:
 def run_dict(s: Session, r: Run) -> dict:
     cfg = r.config
     sched = cfg.get("schedule", {})
-    ms, bs, total = sched.get("max_staleness", 4), sched.get("batch_size", 8), sched.get("total_steps", 0)
-    every = cfg.get("trainer", {}).get("publish_every", 1)
-    step = ledger.announced_step(s, r.id, r.current_version)
+    ms, bs = sched.get("max_staleness", 4), sched.get("batch_size", 8)
+    step, bound = ledger.run_bound(s, r.id, cfg, r.current_version)
     prog = completion.progress(s, r.id)
     return {"id": r.id, "status": r.status, "created_at": r.created_at, "updated_at": r.updated_at,
             "current_version": r.current_version, "max_staleness": ms, "batch_size": bs,
-            "current_step": step, "admission_bound": ledger.admission_bound(step, ms, bs, total, every),
+            "current_step": step, "admission_bound": bound,
             "enqueued": prog["enqueued"], "ledger": prog["ledger"], "signal": no_signal.state(s, r.id),
             "progress": {"state": prog["state"], "complete": prog["state"] == "complete"}}
 

@@ -86,6 +86,8 @@ class Audit:
     resumed: list[dict]  # the trainer's "resumed" events
     retrained: int  # groups trained into versions a resume discarded (trained again or dropped later)
     trainer_exit: int | None
+    short_steps: dict[int, int]  # lineage step -> groups it trained short of batch_size
+    drained_steps: set[int]  # steps the trainer's "step" events mark partial (a drained last batch)
 
     @property
     def versions_increasing(self) -> bool:
@@ -486,7 +488,10 @@ class FaultScenario:
                      lineage_steps=[s for s, _ in steps], lineage_groups=sum(len(ids) for _, ids in steps),
                      ledger_vs_lineage=len(trained ^ {g for _, ids in steps for g in ids}),
                      duplicates=twice, resumed=[e["data"] for e in resumed], retrained=discarded,
-                     trainer_exit=sup.status()["trainer"]["last_exit"])
+                     trainer_exit=sup.status()["trainer"]["last_exit"],
+                     short_steps={s: self.batch_size - len(ids) for s, ids in steps if len(ids) < self.batch_size},
+                     drained_steps={int(e["data"]["step"]) for e in await self.events("step")
+                                    if e["service"] == "trainer" and e["data"].get("partial")})
 
     def _duplicates_after(self, o: FaultOutcome, groups: list[dict], twice: dict[str, int]) -> int:
         """Groups trained twice in lineage whose last training falls between this kill and the next."""

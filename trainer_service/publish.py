@@ -54,7 +54,7 @@ class WeightPublisher(Protocol):
     async def latest(self) -> WeightVersion | None: ...
     async def newest_stored(self) -> int: ...
     async def publish(self, version: int, step: int, state: dict | StagedVersion, hf_config: Any, tokenizer: Any,
-                      metadata: dict | None = None) -> WeightVersion: ...
+                      metadata: dict | None = None, short: int = 0) -> WeightVersion: ...
     async def close(self) -> None: ...
 
 
@@ -236,14 +236,14 @@ class DirectoryPublisher:
     async def newest_stored(self) -> int:
         return await self.check.newest()
 
-    async def publish(self, version, step, state, hf_config, tokenizer, metadata=None) -> WeightVersion:
+    async def publish(self, version, step, state, hf_config, tokenizer, metadata=None, short=0) -> WeightVersion:
         run = self.cfg.run
         staged, own = await _staged(self.cfg, state, hf_config, tokenizer, self.staging_root)
         try:
             return await publish_and_announce(
                 self.js, self.dir, run, version, step, metadata,
                 lambda: asyncio.to_thread(self.dir.commit, run, version, step, staged, metadata),
-                on_forged=self.on_refused)
+                on_forged=self.on_refused, short=short)
         finally:
             if own:
                 staged.discard()
@@ -267,12 +267,12 @@ class StorePublisher:
     async def newest_stored(self) -> int:
         return await self.client.store_check(self.cfg.run).newest()
 
-    async def publish(self, version, step, state, hf_config, tokenizer, metadata=None) -> WeightVersion:
+    async def publish(self, version, step, state, hf_config, tokenizer, metadata=None, short=0) -> WeightVersion:
         staged, own = await _staged(self.cfg, state, hf_config, tokenizer, self.staging_root)
         try:
             return await self.client.publish_version(self.js, self.cfg.run, version, staged.path, step=step,
                                                      metadata=metadata, adapter=staged.adapter,
-                                                     on_forged=self.on_refused)
+                                                     on_forged=self.on_refused, short=short)
         finally:
             if own:
                 staged.discard()

@@ -183,6 +183,7 @@ class Trainer:
         self.instance = f"{socket.gethostname()}:{os.getpid()}"
         self.version = 0
         self.step = 0
+        self.short = 0  # groups the lineage's steps trained short of batch_size (drained batches): WeightVersion.short
         self._stop = asyncio.Event()
         self._stopped_followers = False
         # One thread runs every backend command, in order: commands must not overlap (collectives), and
@@ -221,10 +222,10 @@ class Trainer:
         await self._published()  # the previous version first: versions stay in order, one copy in flight
         if self.cfg.trainer.publish_snapshot == "disk":
             staged = await self.on_all_ranks(stage, parent=self.publisher.staging_root)
-            task = self._store(self.version, self.step, staged)
+            task = self._store(self.version, self.step, staged, self.short)
         else:
             sd = await self.on_all_ranks(state_dict)
-            task = self._store(self.version, self.step, [sd])
+            task = self._store(self.version, self.step, [sd], self.short)
             del sd  # _store drops the snapshot once its files are written
         if overlap:
             self._pending_publish = asyncio.create_task(task)
@@ -238,7 +239,7 @@ class Trainer:
             self.phase.enter("publishing")
             await task
 
-    async def _store(self, version: int, step: int, state: list[dict] | StagedVersion) -> None:
+    async def _store(self, version: int, step: int, state: list[dict] | StagedVersion, short: int = 0) -> None:
         """Store and announce `state` as `version`: staged files, or the state dict in a one-item list,
         whose files are written once here (publish.stage_version, in a thread) and the snapshot dropped
         at once, so it is not held in memory while the upload overlaps the next step. While the weight
@@ -248,7 +249,7 @@ class Trainer:
         t0 = time.perf_counter()
         staged = state if isinstance(state, StagedVersion) else await asyncio.to_thread(self._stage, state)
         try:
-            wv = await self._send(version, step, staged)
+            wv = await self._send(version, step, staged, short)
             self.publish_error = None
         finally:
             staged.discard()
@@ -260,12 +261,13 @@ class Trainer:
         """(A writer thread.) The snapshot's files; the snapshot itself is gone when this returns."""
         return stage_snapshot(self.backend, self.cfg, holder.pop(), self.publisher.staging_root)
 
-    async def _send(self, version: int, step: int, staged: StagedVersion):
+    async def _send(self, version: int, step: int, staged: StagedVersion, short: int = 0):
         delay = PUBLISH_RETRY_S[0]
         while True:
             try:
                 return await self.publisher.publish(version, step, staged, self.backend.hf_config(),
-                                                    self.backend.tokenizer, metadata={"instance": self.instance})
+                                                    self.backend.tokenizer, metadata={"instance": self.instance},
+                                                    short=short)
             except VersionTakenError as exc:  # left behind by a trainer that died before announcing it
                 log.warning("%s; publishing as version %d instead", exc, version + 1)
                 version += 1
@@ -283,7 +285,7 @@ class Trainer:
         await self._published()  # the checkpoint's version is announced before the checkpoint names it
         self.phase.enter("checkpointing")
         pos = self.intake.position()
-        extra = {"version": self.version, "step": self.step, "intake_position": pos.position,
+        extra = {"version": self.version, "step": self.step, "short": self.short, "intake_position": pos.position,
                  "finished_groups": pos.finished, "run": self.cfg.run, "time": time.time()}
         path = checkpoint.step_dir(self.cfg.trainer.checkpoint_dir, self.cfg.run, self.step)
         await self.on_all_ranks(save, path=str(path), extra=extra)
@@ -328,6 +330,7 @@ class Trainer:
         if ck is not None:
             extra = await self.on_all_ranks(load, path=str(ck))
             self.step = self.last_checkpoint_step = int(extra["step"])
+            self.short = int(extra.get("short", 0))  # checkpoints before 0.11.1 hold none
             await self._resumed(int(extra["version"]), str(ck), announced, int(extra["intake_position"]))
             return IntakeState(position=int(extra["intake_position"]), finished=list(extra["finished_groups"]))
         if resume:
@@ -380,6 +383,7 @@ class Trainer:
         self.phase.enter("training")
         stats = await self.on_all_ranks(train, items=items)
         self.step += 1
+        self.short += max(0, self.cfg.schedule.batch_size - len(batch.groups)) if batch.partial else 0
         metrics.STEPS.inc()
         t2 = time.perf_counter()
         if self.step % self.cfg.trainer.publish_every == 0:
@@ -462,6 +466,7 @@ class Trainer:
         newest = self.version
         extra = await self.on_all_ranks(load, path=str(ck))
         ck_step, ck_version = int(extra["step"]), int(extra["version"])
+        self.short = int(extra.get("short", 0))
         discarded = [gid for s, ids in sorted(self.trained_at.items()) if s > ck_step for gid in ids]
         self.trained_at = {s: ids for s, ids in self.trained_at.items() if s <= ck_step}
         self.step = ck_step

@@ -75,7 +75,8 @@ class VersionStore(Protocol):
 
 
 async def publish_and_announce(js, store: VersionStore, run: str, version: int, step: int, metadata: dict | None,
-                               commit: Callable[[], Awaitable[WeightVersion]], on_forged=None) -> WeightVersion:
+                               commit: Callable[[], Awaitable[WeightVersion]], on_forged=None,
+                               short: int = 0) -> WeightVersion:
     """The one way a version goes out, whatever the store: `commit()` (the store's upload + commit; it
     raises WeightStoreError 409 `exists` when the store already holds the version), then `announce` in
     the weights KV (compare-and-set; an announcement the store does not hold as announced is overwritten
@@ -85,13 +86,14 @@ async def publish_and_announce(js, store: VersionStore, run: str, version: int, 
     the same publish): a retry whose commit or announcement went through and only the reply was lost
     finishes. Raises VersionConflict when this version or a newer one is already announced (another
     publisher is ahead), VersionTakenError when another publisher committed this version but never
-    announced it (skip the number)."""
+    announced it (skip the number). `short` goes into the announcement (WeightVersion.short)."""
     try:
         wv = await commit()
     except WeightStoreError as exc:
         if exc.status != 409 or exc.code != "exists":
             raise
         wv = await _committed_before(js, store, run, version, step, metadata or {})
+    wv.short = short
     await announce(js, wv, refusal=store.store_check(run).refusal, on_forged=on_forged)
     return wv
 
@@ -247,7 +249,7 @@ class WeightStoreClient:
                               state_dict_or_dir: Mapping[str, torch.Tensor] | str | os.PathLike, step: int = 0,
                               metadata: dict | None = None,
                               files: Mapping[str, str | os.PathLike | bytes] | None = None,
-                              adapter: dict | None = None, on_forged=None) -> WeightVersion:
+                              adapter: dict | None = None, on_forged=None, short: int = 0) -> WeightVersion:
         """Upload + commit (`publish`) + announce in the weights KV (compare-and-set): the one call that
         makes a version visible to the rollout workers (`publish_and_announce` on this store: idempotent
         per (instance, version); VersionConflict, VersionTakenError)."""
@@ -255,7 +257,7 @@ class WeightStoreClient:
             js, self, run, version, step, metadata,
             lambda: self.publish(run, version, state_dict_or_dir, step=step, metadata=metadata, files=files,
                                  adapter=adapter),
-            on_forged=on_forged)
+            on_forged=on_forged, short=short)
 
     def store_check(self, run: str) -> StoreCheck:
         """This run's weight_store.verify.StoreCheck (manifests cached): is an announcement the store's?"""

@@ -275,12 +275,12 @@ async def test_a_newer_version_reported_during_start_up_keeps_its_own_step():
     rel = RunReleaser(ctl=None, run_id="r")
     looking_up, follower_done = threading.Event(), threading.Event()
 
-    def slow_lookup(version: int) -> int:
+    def slow_lookup(version: int) -> tuple[int, int]:
         looking_up.set()
         follower_done.wait(10)
-        return {27: 21, 30: 27}[version]
+        return {27: (21, 0), 30: (27, 0)}[version]
 
-    rel._announced_step = slow_lookup
+    rel._announced = slow_lookup
     start_up = asyncio.create_task(rel._adopt_stored_version(27))
     await asyncio.to_thread(looking_up.wait, 10)
     rel.set_version(30, 27)  # the follower, on the event loop, while the lookup runs

@@ -10,7 +10,7 @@ from sqlalchemy import event, select
 from controller import follower, ledger
 from controller.db import Ledger
 from shared.contract import codec, subjects
-from shared.contract.messages import DeadLetter, Event, PromptTask
+from shared.contract.messages import DeadLetter, Event, PromptTask, WeightVersion
 
 RUN = "l1"
 
@@ -86,3 +86,37 @@ def test_admission_bound_counts_trainer_steps_and_versions_per_publish():
     assert ledger.admission_bound(10, 4, 16, publish_every=2) == (10 + 10) * 16
     # synchronous: one batch beyond what is trained
     assert ledger.admission_bound(7, 0, 8) == 64
+
+
+def test_the_bound_takes_off_what_drained_steps_trained_short_of_a_batch(Session):  # noqa: N803
+    # steps 2, max_staleness 0, batch 2, total 3: (2 + 1) x 2 = 6, capped at 3 x 2 = 6, less 1 short
+    assert ledger.admission_bound(2, 0, 2, total_steps=3, short=1) == 5
+    assert ledger.admission_bound(2, 0, 2, total_steps=2, short=1) == 3  # the 3 trained: nothing more to release
+    assert ledger.admission_bound(2, 4, 2) == ledger.admission_bound(2, 4, 2, short=0) == (2 + 5) * 2
+    # the announcement carries it (WeightVersion.short); the row keeps it with the step
+    follower.record_version(Session, RUN, WeightVersion(run=RUN, version=2, step=2, short=1))
+    cfg = {"schedule": {"batch_size": 2, "max_staleness": 0, "total_steps": 3}}
+    with Session() as s:
+        assert ledger.announced(s, RUN, 2) == (2, 1) and ledger.announced(s, RUN, 5) == (0, 0)
+        assert ledger.run_bound(s, RUN, cfg, 2) == (2, 5)
+
+
+def test_a_database_made_before_a_column_was_added_gets_it(tmp_path):
+    import sqlite3
+
+    from controller.db import open_database
+
+    path = tmp_path / "old.db"
+    engine, _ = open_database(f"sqlite:///{path}")
+    engine.dispose()
+    with sqlite3.connect(path) as c:  # as a controller before 0.11.1 made it
+        c.execute("ALTER TABLE weight_versions DROP COLUMN short")
+        c.execute("INSERT INTO weight_versions (run_id, version, step, manifest_url, sha256, created_at, seen_at) "
+                  "VALUES ('old', 3, 3, '', '', 0, 0)")
+    engine, Session = open_database(f"sqlite:///{path}")  # noqa: N806
+    with Session() as s:
+        assert ledger.announced(s, "old", 3) == (3, 0)
+    follower.record_version(Session, "old", WeightVersion(run="old", version=4, step=4, short=2))
+    with Session() as s:
+        assert ledger.announced(s, "old", 4) == (4, 2)
+    engine.dispose()

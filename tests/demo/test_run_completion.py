@@ -56,3 +56,57 @@ async def test_a_run_whose_data_is_not_a_multiple_of_the_batch_ends_by_itself(tm
     ev.update(queues={"nats": "connected"}, store={"ok": True}, nats={})
     d = diagnosis.diagnose(ev)
     assert d["state"] == "complete" and [f["cause"] for f in d["findings"]] == ["complete"]
+
+
+async def test_a_run_paced_by_its_enqueues_drains_mid_run_and_still_ends_with_nothing_in_flight(tmp_path):
+    """The data comes in two enqueues (as the multihost spread run paces its slices). The first, 10 prompts
+    at batch 4, ends in a drained batch of 2 at step 3; the second has more than the 2 steps left need.
+    The admission bound counts the 2 groups step 3 trained short of a batch (ledger.short_of): before it
+    did, the controller released 2 groups too many and the trainer stopped at total_steps holding them,
+    the ledger never empty (the spread run's failure in CI: 4 groups received and never trained)."""
+    import asyncio
+    import time
+
+    from launcher.up import Launcher
+
+    def rows(n: int, seed: int) -> str:
+        return "".join(json.dumps({"prompt": f"max {(i + seed) % 10} {(9 - i) % 10} =",
+                                   "reference": str(max((i + seed) % 10, (9 - i) % 10))}) + "\n" for i in range(n))
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text(rows(PROMPTS, 0))
+    second.write_text(rows(3 * BATCH, 5))
+    p = tmp_path / "c.yaml"
+    p.write_text("run: paced\nnats: {embedded: true}\ntelemetry: {events_interval_s: 1.0}\nreward: {task: maxdigit}\n"
+                 f"schedule: {{total_steps: 5, batch_size: {BATCH}, max_staleness: 8}}\n"
+                 "rollout: {group_size: 2, sampling: {max_new_tokens: 1}}\n")
+    cfg = load_config(JetrlConfig, str(p), [])
+    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False, with_eval=False))
+
+    async def until(check, what: str, timeout_s: float = 240.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            snap = await launcher.poll()
+            if check(snap):
+                return snap
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"timed out waiting for {what}: {snap.get('run')}")
+
+    try:
+        await launcher.start(timeout_s=120)
+        await launcher.enqueue(first)
+        await until(lambda s: len(launcher.steps) >= 3, "the drained step 3")
+        assert [x["partial"] for x in launcher.steps] == [False, False, True]
+        await launcher.enqueue(second)
+        await until(launcher.trainer_done, "the trainer to finish 5 steps")
+        snap = await until(lambda s: (s.get("run") or {}).get("ledger", {}).get("awaiting_trajectory") == 0,
+                           "the groups still out to come back", 60)
+        led = snap["run"]["ledger"]
+    finally:
+        await launcher.stop()
+    short = BATCH - launcher.steps[2]["groups"]
+    assert short > 0
+    assert led["in_flight"] == 0, led
+    assert led["trained"] == 5 * BATCH - short, led
+    assert led["balanced"] and led["released"] == led["trained"] + led["dropped_stale"] + led["filtered"] + \
+        led["dead_lettered"], led

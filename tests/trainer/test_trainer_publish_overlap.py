@@ -43,7 +43,7 @@ class SlowPublisher:
     def on_refused(self, fn):
         self.inner.on_refused = fn
 
-    async def publish(self, version, step, state, hf_config, tokenizer, metadata=None):
+    async def publish(self, version, step, state, hf_config, tokenizer, metadata=None, short=0):
         self.log.append(("publish_start", version, time.perf_counter()))
         assert isinstance(state, publish_mod.StagedVersion) and (state.path / "model.safetensors").is_file()
         await asyncio.sleep(UPLOAD_S)
