@@ -6,7 +6,7 @@ without and with adaptive sampling + the learnable-first release order, side by 
 
 Each side is bench/smollm2_addition.py's run (`jetrl up` in-process, the budget counted from every
 service up, then the held-out set evaluated greedily at version 0 and at the last version). "without" is
-the config as it is; "with" adds rollout.adaptive.max_samples (--max-samples, default 64) and
+the config as it is; "with" adds rollout.adaptive.max_samples (--max-samples, default 16) and
 launch.sampling=learnable-first. Prints, per side: held-out accuracy before and after, samples generated
 (every draw, extra rounds included) and trained, groups trained and the share with a reward spread, steps.
 Last line `sparse_gain_pp: X`: held-out percentage points gained with the mechanism minus those gained
@@ -41,7 +41,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default=str(ROOT / "examples" / "sparse_smollm2.yaml"))
     p.add_argument("--minutes", type=float, default=15.0, help="Training-time budget of each side.")
-    p.add_argument("--max-samples", type=int, default=64, help="rollout.adaptive.max_samples of the 'with' side.")
+    p.add_argument("--max-samples", type=int, default=16, help="rollout.adaptive.max_samples of the 'with' side "
+                   "(16: better than 64 in docs/benchmarks.md's runs).")
     p.add_argument("--out", default="jetrl-bench/sparse-reward", help="Run dirs (logs, state) go here.")
     p.add_argument("--only", choices=("with", "without"), help="Run one side only (no sparse_gain_pp).")
     p.add_argument("overrides", nargs="*", help="Config overrides key=value for both sides.")

@@ -11,13 +11,16 @@ drawn, draws another round (`round_size`, default group_size). Then:
   (TrajectoryGroup.adaptive). This is Reinforce-Ada's balanced variant (Xiong et al. 2025, "Reinforce-Ada:
   An Adaptive Sampling Framework for Reinforce-Style LLM Training", arXiv 2510.04996: fixed-size groups with
   enforced reward diversity, baselines from the statistics of the whole adaptive phase).
-- with `weights: inclusion` (the default) each kept sample also carries a weight, the inverse of its chance
+- with `weights: inclusion` each kept sample also carries a weight, the inverse of its chance
   to be kept, scaled to the group: w = (g / n) * (n_side / k_side) for g kept of n drawn, k_side kept of the
   n_side draws on its side of the mean. The trainer multiplies the sample's advantage by it. Then
   E[sum over kept of w_i * A_i * grad log pi_i] = (g / n) * sum over all draws of A_i * grad log pi_i:
   the kept group's policy gradient is an unbiased (Horvitz-Thompson) estimate of the gradient the whole
-  set of draws would give, scaled to g samples, with its true mean as baseline. (`weights: none` is the
-  published estimator, which over-weights the rare side.) Hand-computed in tests/rollout/test_adaptive.py.
+  set of draws would give, scaled to g samples, with its true mean as baseline. `weights: draws` (the default) leaves
+  out g / n: w = n_side / k_side, an unbiased estimate of the gradient of training on all n draws, weighing
+  as n samples (a lone success in 64 draws keeps its whole advantage instead of g / n of it). (`weights:
+  none` is the published estimator, which over-weights the rare side.) Hand-computed in
+  tests/rollout/test_adaptive.py.
 - no spread after M draws: the first group_size draws go out with `signal: false`; the trainer records the
   group as filtered, "no signal after M samples" (the ledger keeps the reason), and trains nothing on it.
 
@@ -48,12 +51,13 @@ def reward_stats(rewards: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
 
 
-def balanced_subset(rewards: Sequence[float], size: int, rng: random.Random, weights: str = "inclusion",
+def balanced_subset(rewards: Sequence[float], size: int, rng: random.Random, weights: str = "draws",
                     eps: float = 1e-6) -> list[tuple[int, float]]:
     """(index, weight) of `size` draws kept from `rewards`, in draw order. Sides: above the mean of all
     draws, and at or below it; the upper side gets half of `size` (at least one), the lower the rest, each
     side giving what it has and the other making up the difference; uniform within a side. weight =
-    (size / n) * (n_side / k_side) for `inclusion`, 1.0 for `none` (see the module docstring)."""
+    (size / n) * (n_side / k_side) for `inclusion`, n_side / k_side for `draws`, 1.0 for `none` (see the
+    module docstring)."""
     n = len(rewards)
     if size >= n:
         return [(i, 1.0) for i in range(n)]
@@ -67,7 +71,7 @@ def balanced_subset(rewards: Sequence[float], size: int, rng: random.Random, wei
     for side, k in ((high, k_high), (low, k_low)):
         if k == 0:
             continue
-        w = (size / n) * (len(side) / k) if weights == "inclusion" else 1.0
+        w = {"inclusion": (size / n) * (len(side) / k), "draws": len(side) / k}.get(weights, 1.0)
         out += [(i, w) for i in rng.sample(side, k)]
     return sorted(out)
 

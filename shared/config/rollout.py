@@ -46,13 +46,17 @@ class AdaptiveConfig(Section):
         "one round of group_size, as without adaptive sampling. Must be 0 or at least group_size.")
     round_size: int = Field(
         0, ge=0, description="Samples drawn per extra round (0 = group_size). The last round is cut to the budget.")
-    weights: Literal["inclusion", "none"] = Field(
-        "inclusion",
-        description="How a group of group_size is formed from more draws. Both keep a balanced subset (successes "
+    weights: Literal["inclusion", "draws", "none"] = Field(
+        "draws",
+        description="How a group of group_size is formed from more draws. All keep a balanced subset (successes "
         "and failures as even as the draws allow) and take the advantage baseline (mean, std) from every draw. "
-        "inclusion = each kept sample also carries the inverse of its chance to be kept (Horvitz-Thompson), so the "
-        "kept group's gradient is an unbiased estimate of the gradient over all draws; none = Reinforce-Ada's "
-        "balanced groups as published (Xiong et al. 2025), which up-weights the rare outcome.")
+        "inclusion = each kept sample also carries the inverse of its chance to be kept (Horvitz-Thompson) times "
+        "g/n, so the kept group's gradient is an unbiased estimate of the mean gradient over all n draws, weighing "
+        "as g samples; draws = the same without g/n: an unbiased estimate of training on every draw (the full "
+        "group with its true mean), weighing as n samples, so a lone success found in many draws keeps its whole "
+        "advantage; none = Reinforce-Ada's balanced groups as published (Xiong et al. 2025), weight 1, which "
+        "up-weights the rare outcome against the draws' gradient. The default is draws: on the sparse subtraction "
+        "task (docs/benchmarks.md) it learned most of the three, one 15-minute run each.")
     success_reward: float = Field(
         1.0, description="A sample counts as a success (solve rates, prompt memory) when its reward is at least "
         "this. The signal rule itself is any reward spread, whatever this threshold.")

@@ -31,7 +31,7 @@ def test_spread_and_stats_by_hand():
 def test_one_success_in_sixteen_keeps_it_and_seven_failures_with_inclusion_weights():
     rewards = [0.0] * 16
     rewards[11] = 1.0
-    kept = balanced_subset(rewards, 8, random.Random(0))
+    kept = balanced_subset(rewards, 8, random.Random(0), weights="inclusion")
     assert len(kept) == 8 and kept == sorted(kept)
     by_index = dict(kept)
     assert by_index[11] == pytest.approx(0.5)  # (8 / 16) x (1 / 1)
@@ -46,7 +46,7 @@ def test_sides_share_half_each_and_make_up_for_a_short_side():
     assert sum(rewards[i] for i, _ in kept) == 2
     # 9 successes, 1 failure, group of 4: the lower side has one, the upper gives three
     rewards = [1.0] * 9 + [0.0]
-    kept = balanced_subset(rewards, 4, random.Random(2))
+    kept = balanced_subset(rewards, 4, random.Random(2), weights="inclusion")
     assert sorted(rewards[i] for i, _ in kept) == [0.0, 1.0, 1.0, 1.0]
     assert dict(kept)[9] == pytest.approx(4 / 10 * 1 / 1)
     # as many draws as the group: everything, weight 1
@@ -64,7 +64,7 @@ def test_the_kept_groups_gradient_is_unbiased_for_all_draws_exactly():
     low = [i for i in range(n) if rewards[i] <= mean]  # [0, 1, 3, 4, 5]: keep 2 of 5
     w_high, w_low = Fraction(g, n) * Fraction(1, 1), Fraction(g, n) * Fraction(5, 2)  # 1/2, 5/4
     # the function's own weights are these
-    kept = dict(balanced_subset([float(r) for r in rewards], g, random.Random(0)))
+    kept = dict(balanced_subset([float(r) for r in rewards], g, random.Random(0), weights="inclusion"))
     assert sorted(kept.values()) == pytest.approx(sorted([float(w_high)] + [float(w_low)] * 2))
     total, count = Fraction(0), 0
     for h in itertools.combinations(high, 1):
@@ -74,6 +74,15 @@ def test_the_kept_groups_gradient_is_unbiased_for_all_draws_exactly():
             count += 1
     expected = Fraction(g, n) * sum((rewards[i] - mean) * x[i] for i in range(n))
     assert total / count == expected
+    # weights: draws, (n_side / k_side) = 1 and 5/2: unbiased for training on all n draws, unscaled
+    drawn = dict(balanced_subset([float(r) for r in rewards], g, random.Random(0), weights="draws"))
+    assert drawn[2] == 1.0 and sorted(drawn.values()) == [1.0, 2.5, 2.5]
+    total = Fraction(0)
+    for h in itertools.combinations(high, 1):
+        for lo in itertools.combinations(low, 2):
+            total += sum((rewards[i] - mean) * x[i] for i in h) + sum(Fraction(5, 2) * (rewards[i] - mean) * x[i]
+                                                                      for i in lo)
+    assert total / count == sum((rewards[i] - mean) * x[i] for i in range(n))
     # and the same without the weights is biased: the balanced subset over-weights the rare side
     biased = Fraction(0)
     for h in itertools.combinations(high, 1):
