@@ -56,7 +56,7 @@ class AdaptiveConfig(Section):
         "group with its true mean), weighing as n samples, so a lone success found in many draws keeps its whole "
         "advantage; none = Reinforce-Ada's balanced groups as published (Xiong et al. 2025), weight 1, which "
         "up-weights the rare outcome against the draws' gradient. The default is draws: on the sparse subtraction "
-        "task (docs/benchmarks.md) it learned most of the three, one 15-minute run each.")
+        "task (docs/benchmarks.md) it learned most of the three in 15-minute runs (noisy: +9 and +0 points).")
     success_reward: float = Field(
         1.0, description="A sample counts as a success (solve rates, prompt memory) when its reward is at least "
         "this. The signal rule itself is any reward spread, whatever this threshold.")
