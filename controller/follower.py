@@ -232,6 +232,11 @@ def store_dead_letter(Session_, run_id: str, dl: DeadLetter, seq: int | None) ->
         return False
 
 
+def _short(wv: WeightVersion) -> int:
+    """WeightVersion.short as the admission bound reads it: an int32, never below 0."""
+    return max(_int32(wv.short) or 0, 0)
+
+
 def record_version(Session_, run_id: str, wv: WeightVersion) -> None:
     if _int32(wv.version) is None or wv.version < 0:
         log.warning("run %s: weight version %r is out of range; ignored", run_id, wv.version)
@@ -239,7 +244,7 @@ def record_version(Session_, run_id: str, wv: WeightVersion) -> None:
     with Session_.begin() as s:
         if s.get(WeightVersionRow, (run_id, wv.version)) is None:
             s.add(WeightVersionRow(run_id=run_id, version=wv.version, step=_int32(wv.step) or 0,
-                                   short=max(_int32(wv.short) or 0, 0), manifest_url=wv.manifest_url,
+                                   short=_short(wv), manifest_url=wv.manifest_url,
                                    sha256=wv.sha256, created_at=wv.created_at, seen_at=now()))
         s.execute(update(Run).where(Run.id == run_id, Run.current_version < wv.version)
                   .values(current_version=wv.version, updated_at=now()))
@@ -309,7 +314,7 @@ class RunFollower:
             return
         await asyncio.to_thread(record_version, self.ctl.Session, self.run_id, wv)
         if self.releaser is not None:
-            self.releaser.set_version(wv.version, _int32(wv.step) or 0, max(_int32(wv.short) or 0, 0))
+            self.releaser.set_version(wv.version, _int32(wv.step) or 0, _short(wv))
 
     async def _watch_weights(self) -> None:
         backoff = 0.2

@@ -114,11 +114,6 @@ def run_bound(session: Session, run_id: str, config: dict, version: int) -> tupl
                                  short)
 
 
-def announced_step(session: Session, run_id: str, version: int) -> int:
-    """The trainer step recorded with announced `version` (0 when there is none)."""
-    return announced(session, run_id, version)[0]
-
-
 def announced(session: Session, run_id: str, version: int) -> tuple[int, int]:
     """(step, short) recorded with announced `version` ((0, 0) when there is none): WeightVersion.step/short."""
     if version < 0:
