@@ -6,8 +6,9 @@ without and with adaptive sampling + the learnable-first release order, side by 
 
 Each side is bench/smollm2_addition.py's run (`jetrl up` in-process, the budget counted from every
 service up, then the held-out set evaluated greedily at version 0 and at the last version). "without" is
-the config as it is; "with" adds rollout.adaptive.max_samples (--max-samples, default 16) and
-launch.sampling=learnable-first. Prints, per side: held-out accuracy before and after, samples generated
+the config as it is; "with" adds rollout.adaptive.max_samples (--max-samples, default 16; with the default
+rollout.adaptive.stop=yield and weights=draws), launch.sampling=learnable-first and schedule.batch_wait_s
+(--batch-wait, default 10: a group with signal waits at most that long for its batch). Prints, per side: held-out accuracy before and after, samples generated
 (every draw, extra rounds included) and trained, groups trained and the share with a reward spread, steps.
 Last line `sparse_gain_pp: X`: held-out percentage points gained with the mechanism minus those gained
 without it.
@@ -43,12 +44,14 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=15.0, help="Training-time budget of each side.")
     p.add_argument("--max-samples", type=int, default=16, help="rollout.adaptive.max_samples of the 'with' side "
                    "(16: better than 64 in docs/benchmarks.md's runs).")
+    p.add_argument("--batch-wait", type=float, default=10.0, help="schedule.batch_wait_s of the 'with' side: "
+                   "the longest a group with signal waits for its batch (0 = wait for batch_size).")
     p.add_argument("--out", default="jetrl-bench/sparse-reward", help="Run dirs (logs, state) go here.")
     p.add_argument("--only", choices=("with", "without"), help="Run one side only (no sparse_gain_pp).")
     p.add_argument("overrides", nargs="*", help="Config overrides key=value for both sides.")
     args = p.parse_args()
     sides = {"without": [], "with": [f"rollout.adaptive.max_samples={args.max_samples}",
-                                      "launch.sampling=learnable-first"]}
+                                      "launch.sampling=learnable-first", f"schedule.batch_wait_s={args.batch_wait}"]}
     out = {}
     for name, extra in sides.items():
         if args.only and name != args.only:

@@ -213,7 +213,7 @@ def enqueue_dict(e: Enqueue) -> dict:
 def versions(s: Session, run_id: str) -> list[dict]:
     rows = s.scalars(select(WeightVersionRow).where(WeightVersionRow.run_id == run_id).order_by(WeightVersionRow.version))
     return [{"version": w.version, "step": w.step, "manifest_url": w.manifest_url, "sha256": w.sha256,
-             "created_at": w.created_at, "seen_at": w.seen_at} for w in rows]
+             "created_at": w.created_at, "seen_at": w.seen_at, "short": w.short or 0} for w in rows]
 
 
 def metric_series(s: Session, run_id: str, names: list[str], limit: int) -> dict[str, list[list[float]]]:

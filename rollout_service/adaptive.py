@@ -21,7 +21,15 @@ drawn, draws another round (`round_size`, default group_size). Then:
   as n samples (a lone success in 64 draws keeps its whole advantage instead of g / n of it). (`weights:
   none` is the published estimator, which over-weights the rare side.) Hand-computed in
   tests/rollout/test_adaptive.py.
-- no spread after M draws: the first group_size draws go out with `signal: false`; the trainer records the
+- `stop: yield` (the default) also stops a prompt early when another round of it is not worth a fresh
+  prompt: the worker keeps, over its recent prompts, how often each round found the first spread (round 1:
+  a fresh prompt's group; round k: a prompt that had none in k - 1 rounds), per draw. Before each extra
+  round it draws a plausible rate for that round and for round 1 from their Beta posteriors (Thompson
+  sampling, so a round whose record is short or stale still gets tried) and draws the round only if its
+  rate per draw is at least round 1's. Where the prompts that fail a round are mostly prompts the policy
+  never solves, the budget goes to fresh prompts instead; where they are as likely to yield as fresh ones,
+  it keeps sampling them. `stop: spread` always samples up to M.
+- no spread after M draws (or stopped early): the first group_size draws go out with `signal: false`; the trainer records the
   group as filtered, "no signal after M samples" (the ledger keeps the reason), and trains nothing on it.
 
 Every draw is generated and scored like any other (same engine, versions and staleness); the extra draws
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -76,6 +85,29 @@ def balanced_subset(rewards: Sequence[float], size: int, rng: random.Random, wei
     return sorted(out)
 
 
+class RoundYield:
+    """A worker's record of how often each round found a prompt's first spread, over its last `window`
+    prompts that reached the round; `worth(k)` decides whether round k (k >= 2) is drawn (`stop: yield`)."""
+
+    def __init__(self, window: int = 256):
+        self.window = window
+        self.outcomes: dict[int, deque] = {}  # round -> (found a spread, draws in the round)
+
+    def record(self, round_index: int, draws: int, found: bool) -> None:
+        self.outcomes.setdefault(round_index, deque(maxlen=self.window)).append((found, draws))
+
+    def rate(self, round_index: int, rng: random.Random) -> float:
+        """A draw from the Beta(found + 1, missed + 1) posterior of the round's chance to find a spread,
+        divided by its mean draws: a plausible spread-per-draw rate."""
+        seen = self.outcomes.get(round_index, ())
+        found = sum(1 for f, _ in seen if f)
+        draws = sum(d for _, d in seen) / len(seen) if seen else 1.0
+        return rng.betavariate(found + 1, len(seen) - found + 1) / draws
+
+    def worth(self, round_index: int, rng: random.Random) -> bool:
+        return self.rate(round_index, rng) >= self.rate(1, rng)
+
+
 @dataclass
 class Drawn:
     """What adaptive sampling produced for one prompt: the group to send and the account of every draw."""
@@ -95,16 +127,26 @@ class Drawn:
 
 
 async def sample_adaptively(draw: Callable[[int, int], Awaitable[list[Sample]]], group_size: int,
-                            cfg: AdaptiveConfig, rng: random.Random) -> Drawn:
+                            cfg: AdaptiveConfig, rng: random.Random, record: RoundYield | None = None) -> Drawn:
     """Draw rounds with `draw(count, offset)` (offset = samples drawn before it: seeds and indices shift by
-    it) until the rewards have a spread or cfg.max_samples were drawn; then form the group (module docstring)."""
+    it) until the rewards have a spread or cfg.max_samples were drawn, or (cfg.stop == "yield", with the
+    worker's `record`) another round is not worth a fresh prompt; then form the group (module docstring)."""
     budget = max(cfg.max_samples, group_size)
     step = cfg.round_size or group_size
     pool: list[Sample] = list(await draw(group_size, 0))
     rounds = 1
-    while not has_spread([s.reward for s in pool], cfg.eps) and len(pool) < budget:
-        pool += await draw(min(step, budget - len(pool)), len(pool))
+    found = has_spread([s.reward for s in pool], cfg.eps)
+    if record is not None:
+        record.record(1, len(pool), found)
+    while not found and len(pool) < budget:
+        if record is not None and cfg.stop == "yield" and not record.worth(rounds + 1, rng):
+            break
+        more = await draw(min(step, budget - len(pool)), len(pool))
+        pool += more
         rounds += 1
+        found = has_spread([s.reward for s in pool], cfg.eps)
+        if record is not None:
+            record.record(rounds, len(more), found)
     rewards = [s.reward for s in pool]
     mean, std = reward_stats(rewards)
     signal = has_spread(rewards, cfg.eps)

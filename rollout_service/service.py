@@ -24,7 +24,7 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from rollout_service.adaptive import sample_adaptively
+from rollout_service.adaptive import RoundYield, sample_adaptively
 from rollout_service.engines.base import EngineDead, PromptTooLong
 from rollout_service.metrics import RolloutMetrics
 from rollout_service.tools import ToolRegistry, build_tools
@@ -92,6 +92,7 @@ class RolloutWorker:
         self.metrics = RolloutMetrics()
         self.rate = Rate(30.0)
         self.published = 0
+        self.round_yield = RoundYield(cfg.rollout.adaptive.yield_window)  # rollout.adaptive.stop=yield
         self.samples_drawn = 0  # every sample generated and scored, adaptive sampling's extra rounds included
         self.errors = 0
         self.last_error: str | None = None  # the last failed task (its health events carry it: jetrl why)
@@ -321,7 +322,8 @@ class RolloutWorker:
             if self.cfg.rollout.adaptive.max_samples:
                 drawn = await sample_adaptively(lambda n, offset: self.workflow.run(self.ctx, shifted(task, n, offset)),
                                                 task.group_size, self.cfg.rollout.adaptive,
-                                                random.Random(f"{task.group_id}:{self.instance}"))
+                                                random.Random(f"{task.group_id}:{self.instance}"),
+                                                self.round_yield)
                 samples, adaptive = drawn.samples, drawn.account()
                 self.metrics.adaptive_draws.inc(drawn.drawn)
                 if not drawn.signal:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
@@ -37,7 +39,7 @@ class Batch:
     filtered: list[str] = field(default_factory=list)  # group ids without a reward spread, not trained
     filtered_reasons: dict[str, str] = field(default_factory=dict)  # group id -> why (the ledger keeps it)
     staleness_hist: Counter = field(default_factory=Counter)  # staleness of trained samples
-    partial: bool = False  # the run's last batch, smaller than batch_size (Intake.take_partial)
+    partial: bool = False  # smaller than batch_size: the run's last batch, or schedule.batch_wait_s (Intake.take_partial)
     version: int = -1  # the trainer version it was formed at (staleness is counted from it)
 
 
@@ -69,6 +71,7 @@ class Intake:
         t, s = cfg.trainer, cfg.schedule
         self.max_buffered = t.max_buffered_groups or 4 * s.batch_size
         self.buffer: list[tuple[int, TrajectoryGroup]] = []  # (stream seq, group), in arrival order
+        self.arrived_at: dict[str, float] = {}  # group id -> when it entered the buffer (schedule.batch_wait_s)
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.last_seq = 0
         # Outcomes since the last batch (reported with it).
@@ -108,6 +111,7 @@ class Intake:
     # --- consuming ------------------------------------------------------------------------------
 
     def _finish(self, gid: str) -> None:
+        self.arrived_at.pop(gid, None)
         self.finished[gid] = None
         self.finished.move_to_end(gid)
         while len(self.finished) > self.cfg.trainer.dedup_window:
@@ -128,6 +132,7 @@ class Intake:
             self._finish(gid)
             return
         self.buffer.append((seq, group))
+        self.arrived_at[gid] = time.monotonic()
         self._arrived.set()
 
     def _discarded_reason(self, group: TrajectoryGroup) -> str | None:
@@ -208,9 +213,21 @@ class Intake:
         """Whether the group was trained, dropped, filtered or skipped here (within the dedup window)."""
         return group_id in self.finished
 
+    def wait_left(self) -> float:
+        """Seconds until the oldest held group has waited schedule.batch_wait_s (inf: off, or none held)."""
+        limit = self.cfg.schedule.batch_wait_s
+        held = [self.arrived_at[g.group_id] for _, g in self.buffer if g.group_id in self.arrived_at]
+        if not limit or not held:
+            return math.inf
+        return min(held) + limit - time.monotonic()
+
+    def waited_out(self) -> bool:
+        """Whether a group has waited schedule.batch_wait_s for its batch: train what is held."""
+        return self.wait_left() <= 0
+
     def take_partial(self, version: int) -> Batch | None:
-        """Everything buffered as one batch, smaller than `batch_size` (the run's data ended: drain.py),
-        or None when nothing fresh is left."""
+        """Everything buffered as one batch, smaller than `batch_size` (the run's data ended: drain.py; or
+        a group waited schedule.batch_wait_s), or None when nothing fresh is left."""
         self._drop_stale(version)
         if not self.buffer:
             return None
@@ -232,10 +249,11 @@ class Intake:
         self.dropped_stale, self.dropped_stale_samples, self.filtered, self.filtered_reasons = [], 0, [], {}
         return out
 
-    async def next_batch(self, version: int, timeout_s: float | None = None) -> Batch | None:
+    async def next_batch(self, version: int, timeout_s: float | None = None, cut_short: bool = True) -> Batch | None:
         """The next batch of `batch_size` groups with at least one fresh sample each (the oldest
         generations first, see staleness.urgency_order), or None after `timeout_s` without one. Stale
-        samples are removed; all-stale groups are dropped."""
+        samples are removed; all-stale groups are dropped. With schedule.batch_wait_s and `cut_short`, what
+        is held once the oldest held group has waited that long (a partial batch)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:
@@ -244,12 +262,15 @@ class Intake:
                 raise RuntimeError(f"trajectory consumer stopped unexpectedly: {exc!r}")
             self._arrived.clear()
             b = self._try_batch(version)
+            if b is None and cut_short and self.waited_out():
+                b = self.take_partial(version)
             if b is not None:
                 return b
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 return None
+            wait = min(remaining or 5.0, 5.0, self.wait_left() if cut_short else 5.0)
             try:
-                await asyncio.wait_for(self._arrived.wait(), timeout=min(remaining or 5.0, 5.0))
+                await asyncio.wait_for(self._arrived.wait(), timeout=max(wait, 0.01))
             except asyncio.TimeoutError:
                 pass

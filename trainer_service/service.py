@@ -42,7 +42,7 @@ from trainer_service.publish import (
     retryable_publish_error,
     stage_version,
 )
-from trainer_service.signal_watch import SignalWatch
+from trainer_service.signal_watch import SignalWatch, default_threshold
 
 log = logging.getLogger("jetrl.trainer")
 
@@ -183,7 +183,7 @@ class Trainer:
         self.instance = f"{socket.gethostname()}:{os.getpid()}"
         self.version = 0
         self.step = 0
-        self.short = 0  # groups the lineage's steps trained short of batch_size (drained batches): WeightVersion.short
+        self.short = 0  # groups the lineage's steps trained short of batch_size (drained or waited-out batches): WeightVersion.short
         self._stop = asyncio.Event()
         self._stopped_followers = False
         # One thread runs every backend command, in order: commands must not overlap (collectives), and
@@ -192,7 +192,8 @@ class Trainer:
         # while the same steps on one thread stayed flat; docs/benchmarks.md).
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jetrl-trainer-backend")
         self._pending_publish: asyncio.Task | None = None  # trainer.publish_overlap's upload in flight
-        self.signal = SignalWatch(cfg.trainer.no_signal_groups or 3 * cfg.schedule.batch_size)
+        self.signal = SignalWatch(cfg.trainer.no_signal_groups
+                                  or default_threshold(cfg.schedule.batch_size, cfg.rollout.adaptive.max_samples > 0))
         self._store_s = 0.0  # seconds the last publish took to write, upload and announce
         self.phase = Phase()  # what rank 0 is doing now, in its health events (shared/runtime/waits.py)
         self.publish_error: str | None = None  # the last failed publish attempt, while it is retried
@@ -512,6 +513,17 @@ class Trainer:
         total = self.cfg.schedule.total_steps
         return self._stop.is_set() or (total > 0 and self.step >= total)
 
+    def _may_cut_batches(self) -> bool:
+        """Whether a batch may be trained short after schedule.batch_wait_s. Not in a run's last (max_staleness
+        + 1) x publish_every steps: there the controller's total_steps cap binds (admission_bound: the window
+        reaches it exactly then, whatever `short`), it has released what the remaining steps train in full
+        batches, and a step cut short would leave groups in flight that no step trains."""
+        s = self.cfg.schedule
+        if not s.batch_wait_s:
+            return False
+        window = (s.max_staleness + 1) * self.cfg.trainer.publish_every
+        return s.total_steps == 0 or self.step < s.total_steps - window
+
     async def serve(self, resume: bool = False) -> None:
         cfg = self.cfg
         start_metrics(cfg.telemetry)
@@ -535,7 +547,8 @@ class Trainer:
             while not self._done():
                 self.phase.enter(WAITING_FOR_WORK, f"holding {len(self.intake.buffer)} of {cfg.schedule.batch_size} groups")
                 stop_wait = asyncio.create_task(self._stop.wait())
-                get = asyncio.create_task(self.intake.next_batch(self.version, timeout_s=NOOP_AFTER_S))
+                get = asyncio.create_task(self.intake.next_batch(self.version, timeout_s=NOOP_AFTER_S,
+                                                                 cut_short=self._may_cut_batches()))
                 await asyncio.wait({stop_wait, get}, return_when=asyncio.FIRST_COMPLETED)
                 stop_wait.cancel()
                 if not get.done():

@@ -18,6 +18,14 @@ HINT = ("every recent group had equal rewards (zero advantage): the policy almos
         "rollout.group_size, or an easier curriculum; GET /v1/runs/{run}/prompts/stats shows the solve rates")
 
 
+def default_threshold(batch_size: int, adaptive: bool) -> int:
+    """trainer.no_signal_groups when 0: three batches' worth of groups; ten with adaptive sampling on, where
+    most prompts are expected to be filtered without signal (only those that found a spread train, and
+    `stop: yield` gives up on a prompt after one round where extra rounds do not pay): a streak of three
+    batches there is a normal minute of a run that is learning."""
+    return (10 if adaptive else 3) * batch_size
+
+
 class SignalWatch:
     def __init__(self, threshold: int):
         self.threshold = threshold

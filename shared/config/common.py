@@ -19,6 +19,15 @@ class ScheduleConfig(Section):
         "0 with blocking releases is the synchronous baseline.",
     )
     batch_size: int = Field(8, ge=1, description="Trajectory groups per optimizer step.")
+    batch_wait_s: float = Field(
+        0.0, ge=0,
+        description="The longest a group waits in the trainer's buffer for a batch to fill: when the oldest held "
+        "group has waited this long, the trainer trains what it holds as a smaller batch (0 = wait for batch_size). "
+        "Where groups with signal are scarce (adaptive sampling, dynamic_filter) a full batch can take minutes "
+        "and the trainer idles; this trades batch size for steps. The groups trained short of batch_size are "
+        "announced (WeightVersion.short) and the controller's admission bound takes them off, as for a drained "
+        "last batch (docs/trainer.md, \"The last batch\"). Not in the last (max_staleness + 1) x publish_every "
+        "steps of a run with total_steps: the controller has released what those steps train in full batches.")
     total_steps: int = Field(
         0,
         ge=0,

@@ -46,6 +46,16 @@ class AdaptiveConfig(Section):
         "one round of group_size, as without adaptive sampling. Must be 0 or at least group_size.")
     round_size: int = Field(
         0, ge=0, description="Samples drawn per extra round (0 = group_size). The last round is cut to the budget.")
+    stop: Literal["yield", "spread"] = Field(
+        "yield",
+        description="When a prompt without a spread stops before max_samples. spread = never: it is sampled until "
+        "it has a spread or the budget is spent (Reinforce-Ada). yield = also when another round of it is not worth "
+        "a fresh prompt: the worker keeps how often each round found a prompt's first spread per draw over its recent "
+        "prompts and draws round k only if a Thompson draw of round k's rate is at least one of round 1's (a fresh "
+        "prompt's). Where the prompts that fail a round are mostly ones the policy never solves, the draws go to "
+        "fresh prompts.")
+    yield_window: int = Field(256, ge=1, description="stop=yield: the recent prompts per round whose outcomes "
+                              "the rates are estimated from (the rates follow the policy as it learns).")
     weights: Literal["inclusion", "draws", "none"] = Field(
         "draws",
         description="How a group of group_size is formed from more draws. All keep a balanced subset (successes "

@@ -336,7 +336,8 @@ class TrainerConfig(Section):
         0, ge=0,
         description="Say so (a `no_signal` event, the dashboard, `jetrl status`) when this many groups in a row "
         "reached the trainer without a reward spread, trained on a zero advantage or filtered (trainer_service/"
-        "signal_watch.py); a group with a spread ends it (a second event, active false). 0 = 3 x schedule.batch_size.",
+        "signal_watch.py); a group with a spread ends it (a second event, active false). 0 = 3 x schedule.batch_size, "
+        "or 10 x with rollout.adaptive on (most of its groups are filtered by design).",
     )
     dedup_window: int = Field(
         100_000, ge=1, description="Group ids remembered (and checkpointed) to drop re-published duplicates."

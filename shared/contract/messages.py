@@ -216,7 +216,7 @@ class WeightVersion:
     files: list = wire("list[map]", default_factory=list)
     sha256: str = wire("str", default="")  # sha256 of the manifest (manifest_sha256); readers check it (weight_store/verify.py)
     created_at: float = wire("float", default_factory=time.time)
-    # groups the steps behind this version trained short of full batches (drained last batches): the
+    # groups the steps behind this version trained short of full batches (drained last batches, schedule.batch_wait_s): the
     # controller's admission bound takes them off (controller/ledger.py:admission_bound)
     short: int = wire("int", default=0)
     extra: dict = field(default_factory=dict)

@@ -14,7 +14,12 @@ from shared.contract.messages import PromptTask, Sample
 class CoinWorkflow(Workflow):
     name = "coin"
 
+    def __init__(self, delay_s: float = 0.0):
+        self.delay_s = delay_s  # seconds each call (a round of draws) takes at least: paces the groups
+
     async def run(self, ctx: WorkflowContext, task: PromptTask) -> list[Sample]:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         prompt = ctx.render_prompt(task.payload)
         params = [ctx.sampling(task, i) for i in range(task.group_size)]
         results = await asyncio.gather(*(ctx.generate(prompt, sp) for sp in params))

@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from rollout_service.adaptive import balanced_subset, has_spread, reward_stats, sample_adaptively
+from rollout_service.adaptive import RoundYield, balanced_subset, has_spread, reward_stats, sample_adaptively
 from shared.config.rollout import AdaptiveConfig
 from shared.contract import codec
 from shared.contract.messages import Sample, TrajectoryGroup
@@ -104,7 +104,7 @@ def test_advantages_against_all_draws_by_hand():
     assert out == [pytest.approx([0.5 * 63 / 64, -2 / 64]), pytest.approx([0.5, -0.5])]
 
 
-def run_rounds(success_at: int | None, cfg: AdaptiveConfig, group_size: int = 4):
+def run_rounds(success_at: int | None, cfg: AdaptiveConfig, group_size: int = 4, record: RoundYield | None = None):
     """Scripted draws: the sample with overall index `success_at` succeeds, all others fail."""
     calls = []
 
@@ -112,7 +112,7 @@ def run_rounds(success_at: int | None, cfg: AdaptiveConfig, group_size: int = 4)
         calls.append((count, offset))
         return [sample(1.0 if offset + i == success_at else 0.0) for i in range(count)]
 
-    return asyncio.run(sample_adaptively(draw, group_size, cfg, random.Random(0))), calls
+    return asyncio.run(sample_adaptively(draw, group_size, cfg, random.Random(0), record)), calls
 
 
 def test_rounds_stop_at_the_first_spread_and_at_the_budget():
@@ -133,6 +133,52 @@ def test_rounds_stop_at_the_first_spread_and_at_the_budget():
     # round_size and a last round cut to the budget
     got, calls = run_rounds(None, AdaptiveConfig(max_samples=10, round_size=3))
     assert calls == [(4, 0), (3, 4), (3, 7)] and got.drawn == 10
+
+
+def history(first: tuple[int, int], second: tuple[int, int], size: int = 4) -> RoundYield:
+    """A record where round 1 found a spread first[0] times in first[1] prompts, round 2 second[0] in second[1]."""
+    rec = RoundYield()
+    for k, (found, tries) in ((1, first), (2, second)):
+        for i in range(tries):
+            rec.record(k, size, i < found)
+    return rec
+
+
+def test_yield_stops_a_prompt_whose_next_round_finds_less_per_draw_than_a_fresh_prompt():
+    cfg = AdaptiveConfig(max_samples=16)
+    assert cfg.stop == "yield"
+    # round 1 found a spread in 50 of 100 fresh prompts, round 2 in 0 of 100: the failed prompt stops
+    got, calls = run_rounds(None, cfg, record=history((50, 100), (0, 100)))
+    assert calls == [(4, 0)] and (got.drawn, got.rounds, got.signal) == (4, 1, False)
+    # round 2 as good as round 1: it goes on (and round 3, with no record yet, is explored as often as not)
+    rec = history((10, 100), (30, 100))
+    got, calls = run_rounds(5, cfg, record=rec)
+    assert calls == [(4, 0), (4, 4)] and got.signal
+    # the outcomes are recorded: round 1 missed, round 2 found
+    assert list(rec.outcomes[1])[-1] == (False, 4) and list(rec.outcomes[2])[-1] == (True, 4)
+    # stop: spread ignores the record and spends the budget
+    got, calls = run_rounds(None, AdaptiveConfig(max_samples=16, stop="spread"), record=history((50, 100), (0, 100)))
+    assert got.drawn == 16
+
+
+def test_yield_rates_are_per_draw_and_explore_an_empty_record():
+    rng = random.Random(0)
+    # the same chance per round, but round 2 draws twice as many: half the rate per draw
+    rec = RoundYield()
+    for i in range(1000):
+        rec.record(1, 4, i % 2 == 0)
+        rec.record(2, 8, i % 2 == 0)
+    assert np.mean([rec.rate(1, rng) for _ in range(200)]) == pytest.approx(0.5 / 4, rel=0.05)
+    assert np.mean([rec.rate(2, rng) for _ in range(200)]) == pytest.approx(0.5 / 8, rel=0.05)
+    assert not any(rec.worth(2, rng) for _ in range(50))
+    # nothing recorded: Beta(1, 1) against Beta(1, 1), tried about half the time
+    empty = RoundYield()
+    assert 60 < sum(empty.worth(2, rng) for _ in range(200)) < 140
+    # the window forgets: the 8 most recent outcomes are kept, older finds drop out
+    win = RoundYield(window=8)
+    for found in [True] * 8 + [False] * 8:
+        win.record(2, 4, found)
+    assert all(f is False for f, _ in win.outcomes[2])
 
 
 def test_the_group_carries_its_account_over_the_wire_and_a_forged_one_is_refused():

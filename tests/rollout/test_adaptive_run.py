@@ -34,7 +34,7 @@ async def test_adaptive_sampling_trains_only_groups_with_signal_and_accounts_for
         "run: adaptive\nnats: {embedded: true}\ntelemetry: {events_interval_s: 1.0}\nreward: {task: maxdigit}\n"
         f"schedule: {{total_steps: {STEPS}, batch_size: {BATCH}, max_staleness: {STALENESS}}}\n"
         f"rollout: {{workflow: 'coin_workflow:CoinWorkflow', group_size: {GROUP}, max_in_flight: 4,\n"
-        f"  sampling: {{max_new_tokens: 2, seed: 7}}, adaptive: {{max_samples: {BUDGET}}}}}\n"
+        f"  sampling: {{max_new_tokens: 2, seed: 7}}, adaptive: {{max_samples: {BUDGET}, stop: spread}}}}\n"
         "launch: {shuffle_seed: 0}\n")
     cfg = load_config(JetrlConfig, str(cfg_file), [])
     launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False))
@@ -98,3 +98,59 @@ async def test_adaptive_sampling_trains_only_groups_with_signal_and_accounts_for
     assert stats["histogram"]["one"] == sum(r["successes"] == r["drawn"] for r in prompts.values()) > 0
     assert ledger["balanced"] and ledger["in_flight"] == 0
     assert ledger["trained"] == STEPS * BATCH and ledger["filtered"] == len(filtered) > 0
+
+
+async def test_yield_stops_and_short_batches_keep_the_run_exact(tmp_path, monkeypatch):
+    """stop: yield (the default) with schedule.batch_wait_s: groups paced 0.4 s apart, a batch of 2 waits at
+    most 0.2 s, so early steps train a single group. The last (max_staleness + 1) steps wait for full
+    batches (the controller's total cap binds there), and the run ends at total_steps with nothing in
+    flight: the groups trained are the steps' groups, the last version announces the groups they trained
+    short of a batch; draws stay within the budget, in rounds; staleness holds."""
+    monkeypatch.setenv("PYTHONPATH", f"{HERE}:{monkeypatch.delenv('PYTHONPATH', raising=False) or ''}")
+    monkeypatch.syspath_prepend(str(HERE))
+    rows = [{"prompt": f"{kind} {i}", "reference": str(p), "kind": kind}
+            for i in range(12) for kind, p in PROMPTS.items()]
+    data = tmp_path / "coins.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps_total, batch, staleness = 5, 2, 1
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(
+        "run: adaptive-short\nnats: {embedded: true}\ntelemetry: {events_interval_s: 1.0}\nreward: {task: maxdigit}\n"
+        f"schedule: {{total_steps: {steps_total}, batch_size: {batch}, max_staleness: {staleness}, batch_wait_s: 0.2}}\n"
+        f"rollout: {{workflow: 'coin_workflow:CoinWorkflow', workflow_args: {{delay_s: 0.4}}, group_size: {GROUP},\n"
+        f"  max_in_flight: 2, sampling: {{max_new_tokens: 2, seed: 7}}, adaptive: {{max_samples: {BUDGET}}}}}\n"
+        "launch: {shuffle_seed: 0}\n")
+    cfg = load_config(JetrlConfig, str(cfg_file), [])
+    assert cfg.rollout.adaptive.stop == "yield"
+    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False))
+    try:
+        await launcher.start(timeout_s=180)
+        await launcher.enqueue(data, shuffle_seed=0)
+
+        async def finished():
+            snap = await launcher.poll()
+            lg = (snap.get("run") or {}).get("ledger") or {}
+            return lg.get("in_flight") == 0 and len(launcher.steps) >= steps_total and lg.get("trained") and snap
+
+        await poll_until(finished, 300, f"{steps_total} steps and nothing in flight")
+        http = launcher.http
+        steps = (await http.get("/v1/runs/adaptive-short/events", params={"kind": "step", "limit": 1000})).json()
+        versions = (await http.get("/v1/runs/adaptive-short/versions")).json()
+        ledger = (await http.get("/v1/runs/adaptive-short/ledger")).json()
+        published = (await http.get("/v1/runs/adaptive-short/events",
+                                    params={"kind": "published", "limit": 1000})).json()
+    finally:
+        await launcher.stop()
+
+    groups = [e["data"]["groups"] for e in sorted(steps, key=lambda e: e["data"]["step"])]
+    assert len(groups) == steps_total
+    assert min(groups[:-2]) < batch and groups[-2:] == [batch, batch], groups  # cut short early, full at the end
+    short = sum(batch - g for g in groups)
+    assert max(versions, key=lambda v: v["version"])["short"] == short
+    assert ledger["balanced"] and ledger["in_flight"] == 0
+    assert ledger["trained"] == sum(groups) == steps_total * batch - short
+    for e in steps:
+        d = e["data"]
+        assert d["groups_with_signal"] == d["groups"] and all(int(k) <= staleness for k in d["staleness_hist"])
+    for rec in (r for e in published for r in e["data"]["prompts"]):
+        assert GROUP <= rec["drawn"] <= BUDGET and rec["drawn"] % GROUP == 0

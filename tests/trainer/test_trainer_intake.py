@@ -134,3 +134,35 @@ async def test_a_batch_takes_the_oldest_generations_first_not_the_first_arrivals
         await intake.stop()
     assert sorted(g.prompt_id for g in batch.groups) == ["p1", "p2"]
     assert [g.prompt_id for _, g in intake.buffer] == ["p0"]
+
+
+async def test_batch_wait_trains_what_is_held_once_the_oldest_group_has_waited(js, nc):
+    """schedule.batch_wait_s: one group of a batch of 2 waits ~1 s, then goes out alone as a partial batch;
+    without it the same intake times out holding it."""
+    cfg = _cfg()
+    cfg.schedule.batch_wait_s = 1.0
+    await publish_groups(js, nc, [make_group("it", 0, rewards=(1.0, 0.0))])
+    intake = await _intake(js, nc, cfg)
+    loop = asyncio.get_running_loop()
+    try:
+        t0 = loop.time()
+        batch = await intake.next_batch(version=0, timeout_s=20)
+        waited = loop.time() - t0
+        assert batch is not None and batch.partial and [g.prompt_id for g in batch.groups] == ["p0"]
+        assert 0.5 <= waited < 10, waited
+        assert intake.buffer == [] and intake.arrived_at == {} and intake.wait_left() == float("inf")
+        # a full batch is not held back by the wait
+        await publish_groups(js, nc, [make_group("it", 1, rewards=(1.0, 0.0)), make_group("it", 2, rewards=(0.0, 1.0))])
+        batch = await intake.next_batch(version=0, timeout_s=20)
+        assert batch is not None and not batch.partial and len(batch.groups) == 2
+    finally:
+        await intake.stop()
+    cfg.schedule.batch_wait_s = 0.0
+    cfg.run = "it2"
+    await publish_groups(js, nc, [make_group("it2", 0, rewards=(1.0, 0.0))])
+    intake = await _intake(js, nc, cfg)
+    try:
+        assert await intake.next_batch(version=0, timeout_s=2.0) is None
+        assert len(intake.buffer) == 1
+    finally:
+        await intake.stop()

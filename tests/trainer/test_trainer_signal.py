@@ -6,7 +6,7 @@ from shared.config import JetrlConfig
 from shared.contract.messages import Sample, TrajectoryGroup
 from trainer_service.intake import filter_reason
 from trainer_service.service import group_has_spread, samples_drawn
-from trainer_service.signal_watch import SignalWatch
+from trainer_service.signal_watch import SignalWatch, default_threshold
 
 
 def group(rewards, adaptive=None) -> TrajectoryGroup:
@@ -45,3 +45,8 @@ def test_signal_watch_says_it_once_and_says_when_it_ends():
     [end] = w.observe(6, [False, True])
     assert not end["active"] and end["groups"] == 16 and end["since_step"] == 3
     assert w.observe(7, [True]) == []
+
+
+def test_the_default_streak_is_longer_where_adaptive_sampling_filters_by_design():
+    assert default_threshold(4, adaptive=False) == 12
+    assert default_threshold(4, adaptive=True) == 40
