@@ -8,7 +8,7 @@ Each side is bench/smollm2_addition.py's run (`jetrl up` in-process, the budget 
 service up, then the held-out set evaluated greedily at version 0 and at the last version). "without" is
 the config as it is; "with" adds rollout.adaptive.max_samples (--max-samples, default 16; with the default
 rollout.adaptive.stop=yield and weights=draws), launch.sampling=learnable-first and schedule.batch_wait_s
-(--batch-wait, default 10: a group with signal waits at most that long for its batch). Prints, per side: held-out accuracy before and after, samples generated
+(--batch-wait, default 0: the trainer waits for full batches). Prints, per side: held-out accuracy before and after, samples generated
 (every draw, extra rounds included) and trained, groups trained and the share with a reward spread, steps.
 Last line `sparse_gain_pp: X`: held-out percentage points gained with the mechanism minus those gained
 without it.
@@ -44,8 +44,9 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=15.0, help="Training-time budget of each side.")
     p.add_argument("--max-samples", type=int, default=16, help="rollout.adaptive.max_samples of the 'with' side "
                    "(16: better than 64 in docs/benchmarks.md's runs).")
-    p.add_argument("--batch-wait", type=float, default=10.0, help="schedule.batch_wait_s of the 'with' side: "
-                   "the longest a group with signal waits for its batch (0 = wait for batch_size).")
+    p.add_argument("--batch-wait", type=float, default=0.0, help="schedule.batch_wait_s of the 'with' side: "
+                   "the longest a group with signal waits for its batch (0 = wait for batch_size; 10 measured no "
+                   "better in docs/benchmarks.md).")
     p.add_argument("--out", default="jetrl-bench/sparse-reward", help="Run dirs (logs, state) go here.")
     p.add_argument("--only", choices=("with", "without"), help="Run one side only (no sparse_gain_pp).")
     p.add_argument("overrides", nargs="*", help="Config overrides key=value for both sides.")

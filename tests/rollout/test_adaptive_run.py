@@ -20,24 +20,21 @@ GROUP, BUDGET, STEPS, BATCH, STALENESS = 4, 16, 4, 2, 1
 PROMPTS = {"never": 0.0, "always": 1.0, "rare": 0.1, "even": 0.5}
 
 
-async def test_adaptive_sampling_trains_only_groups_with_signal_and_accounts_for_every_draw(tmp_path, monkeypatch):
+def coin_rows(per_kind: int) -> list[dict]:
+    return [{"prompt": f"{kind} {i}", "reference": str(p), "kind": kind}
+            for i in range(per_kind) for kind, p in PROMPTS.items()]
+
+
+async def run_coins(tmp_path, monkeypatch, rows: list[dict], cfg_yaml: str, steps: int, read, timeout_s: float = 480):
+    """`jetrl up` with the coin workflow on `rows` until `steps` steps and nothing in flight; then
+    `await read(launcher.http)` (before the services stop), returned."""
     monkeypatch.setenv("PYTHONPATH", f"{HERE}:{monkeypatch.delenv('PYTHONPATH', raising=False) or ''}")
     monkeypatch.syspath_prepend(str(HERE))
-    rows = []
-    for i in range(6):  # 24 prompts: 6 of each kind
-        for kind, p in PROMPTS.items():
-            rows.append({"prompt": f"{kind} {i}", "reference": str(p), "kind": kind})
     data = tmp_path / "coins.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(
-        "run: adaptive\nnats: {embedded: true}\ntelemetry: {events_interval_s: 1.0}\nreward: {task: maxdigit}\n"
-        f"schedule: {{total_steps: {STEPS}, batch_size: {BATCH}, max_staleness: {STALENESS}}}\n"
-        f"rollout: {{workflow: 'coin_workflow:CoinWorkflow', group_size: {GROUP}, max_in_flight: 4,\n"
-        f"  sampling: {{max_new_tokens: 2, seed: 7}}, adaptive: {{max_samples: {BUDGET}, stop: spread}}}}\n"
-        "launch: {shuffle_seed: 0}\n")
-    cfg = load_config(JetrlConfig, str(cfg_file), [])
-    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False))
+    cfg_file.write_text(cfg_yaml)
+    launcher = Launcher(load_config(JetrlConfig, str(cfg_file), []), UpOptions(run_dir=tmp_path / "run", echo_logs=False))
     try:
         await launcher.start(timeout_s=180)
         await launcher.enqueue(data, shuffle_seed=0)
@@ -45,11 +42,24 @@ async def test_adaptive_sampling_trains_only_groups_with_signal_and_accounts_for
         async def finished():
             snap = await launcher.poll()
             lg = (snap.get("run") or {}).get("ledger") or {}
-            return lg.get("in_flight") == 0 and len(launcher.steps) >= STEPS and lg.get("trained") and snap
+            return lg.get("in_flight") == 0 and len(launcher.steps) >= steps and lg.get("trained") and snap
 
-        await poll_until(finished, 480, f"{STEPS} steps and nothing in flight")
-        http = launcher.http
+        await poll_until(finished, timeout_s, f"{steps} steps and nothing in flight")
+        return await read(launcher.http)
+    finally:
+        await launcher.stop()
 
+
+async def test_adaptive_sampling_trains_only_groups_with_signal_and_accounts_for_every_draw(tmp_path, monkeypatch):
+    rows = coin_rows(6)  # 24 prompts: 6 of each kind
+    cfg_yaml = (
+        "run: adaptive\nnats: {embedded: true}\ntelemetry: {events_interval_s: 1.0}\nreward: {task: maxdigit}\n"
+        f"schedule: {{total_steps: {STEPS}, batch_size: {BATCH}, max_staleness: {STALENESS}}}\n"
+        f"rollout: {{workflow: 'coin_workflow:CoinWorkflow', group_size: {GROUP}, max_in_flight: 4,\n"
+        f"  sampling: {{max_new_tokens: 2, seed: 7}}, adaptive: {{max_samples: {BUDGET}, stop: spread}}}}\n"
+        "launch: {shuffle_seed: 0}\n")
+
+    async def read(http):
         async def events(kind: str) -> list[dict]:
             return (await http.get("/v1/runs/adaptive/events", params={"kind": kind, "limit": 1000})).json()
 
@@ -61,11 +71,10 @@ async def test_adaptive_sampling_trains_only_groups_with_signal_and_accounts_for
             return decided <= {r["group_id"] for e in pub for r in e["data"]["prompts"]} and pub
 
         published = await poll_until(all_published, 60, "every decided group's published record")
-        steps = (await http.get("/v1/runs/adaptive/events", params={"kind": "step", "limit": 1000})).json()
-        stats = (await http.get("/v1/runs/adaptive/prompts/stats")).json()
-        ledger = (await http.get("/v1/runs/adaptive/ledger")).json()
-    finally:
-        await launcher.stop()
+        return (groups, published, await events("step"), (await http.get("/v1/runs/adaptive/prompts/stats")).json(),
+                (await http.get("/v1/runs/adaptive/ledger")).json())
+
+    groups, published, steps, stats, ledger = await run_coins(tmp_path, monkeypatch, rows, cfg_yaml, STEPS, read)
 
     prompts = {r["group_id"]: r for e in published for r in e["data"]["prompts"]}
     kind = {gid: gid.split(":")[-1] for gid in prompts}  # prompt ids: <dataset hash>-<row>
@@ -106,41 +115,23 @@ async def test_yield_stops_and_short_batches_keep_the_run_exact(tmp_path, monkey
     batches (the controller's total cap binds there), and the run ends at total_steps with nothing in
     flight: the groups trained are the steps' groups, the last version announces the groups they trained
     short of a batch; draws stay within the budget, in rounds; staleness holds."""
-    monkeypatch.setenv("PYTHONPATH", f"{HERE}:{monkeypatch.delenv('PYTHONPATH', raising=False) or ''}")
-    monkeypatch.syspath_prepend(str(HERE))
-    rows = [{"prompt": f"{kind} {i}", "reference": str(p), "kind": kind}
-            for i in range(12) for kind, p in PROMPTS.items()]
-    data = tmp_path / "coins.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     steps_total, batch, staleness = 5, 2, 1
-    cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(
+    cfg_yaml = (
         "run: adaptive-short\nnats: {embedded: true}\ntelemetry: {events_interval_s: 1.0}\nreward: {task: maxdigit}\n"
         f"schedule: {{total_steps: {steps_total}, batch_size: {batch}, max_staleness: {staleness}, batch_wait_s: 0.2}}\n"
         f"rollout: {{workflow: 'coin_workflow:CoinWorkflow', workflow_args: {{delay_s: 0.4}}, group_size: {GROUP},\n"
         f"  max_in_flight: 2, sampling: {{max_new_tokens: 2, seed: 7}}, adaptive: {{max_samples: {BUDGET}}}}}\n"
-        "launch: {shuffle_seed: 0}\n")
-    cfg = load_config(JetrlConfig, str(cfg_file), [])
-    assert cfg.rollout.adaptive.stop == "yield"
-    launcher = Launcher(cfg, UpOptions(run_dir=tmp_path / "run", echo_logs=False))
-    try:
-        await launcher.start(timeout_s=180)
-        await launcher.enqueue(data, shuffle_seed=0)
+        "launch: {shuffle_seed: 0}\n")  # adaptive.stop left at its default, yield
 
-        async def finished():
-            snap = await launcher.poll()
-            lg = (snap.get("run") or {}).get("ledger") or {}
-            return lg.get("in_flight") == 0 and len(launcher.steps) >= steps_total and lg.get("trained") and snap
+    async def read(http):
+        async def get(path: str, **params):
+            return (await http.get(f"/v1/runs/adaptive-short/{path}", params=params)).json()
 
-        await poll_until(finished, 300, f"{steps_total} steps and nothing in flight")
-        http = launcher.http
-        steps = (await http.get("/v1/runs/adaptive-short/events", params={"kind": "step", "limit": 1000})).json()
-        versions = (await http.get("/v1/runs/adaptive-short/versions")).json()
-        ledger = (await http.get("/v1/runs/adaptive-short/ledger")).json()
-        published = (await http.get("/v1/runs/adaptive-short/events",
-                                    params={"kind": "published", "limit": 1000})).json()
-    finally:
-        await launcher.stop()
+        return (await get("events", kind="step", limit=1000), await get("versions"), await get("ledger"),
+                await get("events", kind="published", limit=1000))
+
+    steps, versions, ledger, published = await run_coins(tmp_path, monkeypatch, coin_rows(12), cfg_yaml,
+                                                         steps_total, read, timeout_s=300)
 
     groups = [e["data"]["groups"] for e in sorted(steps, key=lambda e: e["data"]["step"])]
     assert len(groups) == steps_total
