@@ -149,7 +149,7 @@ async def sample_adaptively(draw: Callable[[int, int], Awaitable[list[Sample]]],
             record.record(rounds, len(more), found)
     rewards = [s.reward for s in pool]
     mean, std = reward_stats(rewards)
-    signal = has_spread(rewards, cfg.eps)
+    signal = found
     if signal:
         kept = [replace(pool[i], weight=w) for i, w in balanced_subset(rewards, group_size, rng, cfg.weights, cfg.eps)]
     else:

@@ -216,10 +216,9 @@ class Intake:
     def wait_left(self) -> float:
         """Seconds until the oldest held group has waited schedule.batch_wait_s (inf: off, or none held)."""
         limit = self.cfg.schedule.batch_wait_s
-        held = [self.arrived_at[g.group_id] for _, g in self.buffer if g.group_id in self.arrived_at]
-        if not limit or not held:
+        if not limit or not self.arrived_at:  # arrived_at holds exactly the buffered groups (_finish pops)
             return math.inf
-        return min(held) + limit - time.monotonic()
+        return min(self.arrived_at.values()) + limit - time.monotonic()
 
     def waited_out(self) -> bool:
         """Whether a group has waited schedule.batch_wait_s for its batch: train what is held."""
