@@ -12,4 +12,4 @@
 Users' extension points (workflows, tools, scorers, agents, engines) are imported from `jetrl_api`.
 """
 
-__version__ = "0.12.0"
+__version__ = "0.13.0"

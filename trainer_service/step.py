@@ -34,8 +34,8 @@ STAT_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "capped_frac", "be
 def lr_lambda(cfg: TrainerConfig, total_steps: int):
     """Multiplier of the peak LR at optimizer step s: linear warmup, then constant/linear/cosine decay."""
     o = cfg.optim
-    # The schedule counts optimizer steps: ppo_minibatches of them per trained batch.
-    decay = o.decay_steps or total_steps * cfg.algorithm.ppo_minibatches or 1000
+    # The schedule counts optimizer steps: ppo_epochs x ppo_minibatches of them per trained batch.
+    decay = o.decay_steps or total_steps * cfg.algorithm.ppo_minibatches * cfg.algorithm.ppo_epochs or 1000
 
     def f(step: int) -> float:
         if o.warmup_steps and step < o.warmup_steps:
@@ -109,13 +109,14 @@ class StageClock:
 
 def train_step(backend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_length: int = 64) -> dict:
     """Update the policy of `backend` (a backends.base.TrainBackend; not imported here, which imports
-    this module) on the whole batch `items` (identical on every rank): `ppo_minibatches` optimizer
-    steps, one per minibatch. Returns stats (summed over ranks, then normalised) for events and metrics.
+    this module) on the whole batch `items` (identical on every rank): `ppo_epochs` passes over it, each
+    `ppo_minibatches` optimizer steps, one per minibatch (in the same order every pass). Returns stats
+    (summed over ranks, then normalised) for events and metrics.
 
-    Proximal logprobs (decoupled PPO's pi_prox) are the policy before the first minibatch. With one
-    minibatch they equal the training forward's own logprobs, so they are taken from it (detached) and
-    no proximal pass runs; with k > 1 one no-grad pass over the whole batch computes them first, and
-    the clipped ratio pi_theta/pi_prox moves away from 1 from the second minibatch on.
+    Proximal logprobs (decoupled PPO's pi_prox) are the policy before the first optimizer step. With one
+    step in all they equal the training forward's own logprobs, so they are taken from it (detached) and
+    no proximal pass runs; with k > 1 steps one no-grad pass over the whole batch computes them first, and
+    the clipped ratio pi_theta/pi_prox moves away from 1 from the second step on.
 
     `timings`: rank 0's seconds in forward (proximal, reference and training forwards), backward and
     optimizer; the rest of `step_time_s` is packing, transfers and collectives (trainer_service/timings.py).
@@ -131,22 +132,24 @@ def train_step(backend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_len
                       micro_batches_for_rank(part, cfg.micro_batch_tokens, backend.rank, backend.world_size,
                                              backend.all_reduce_max, getattr(backend, "shared_prompts", False))])
     prox: list[list[torch.Tensor]] | None = None
+    passes = [(e, j) for e in range(a.ppo_epochs) for j in range(len(minis))]  # one optimizer step each
     # `reinforce` (no correction) never reads pi_prox: no proximal pass for it.
-    if a.decoupled and len(minis) > 1 and a.objective != "reinforce":
+    if a.decoupled and len(passes) > 1 and a.objective != "reinforce":
         clock("forward")
         with torch.no_grad():
             prox = [[backend.forward(m, which="policy", entropy=False)[0].detach() for m in micro] for micro in minis]
         clock(None)
-    sums = torch.zeros(len(minis), len(STAT_KEYS), dtype=torch.float64)
+    sums = torch.zeros(len(passes), len(STAT_KEYS), dtype=torch.float64)
     norms = []
-    for j, micro in enumerate(minis):
+    for s_i, (_, j) in enumerate(passes):
+        micro = minis[j]
         backend.zero_grad()
         for i, m in enumerate(micro):
             clock("forward")
             logp, entropy = backend.forward(m, which="policy", grad=True)
             if prox is not None:
                 prox_logp = prox[j][i]
-            else:  # one minibatch: the policy has not moved yet, pi_prox = pi_theta (decoupled) or behav
+            else:  # one step: the policy has not moved yet, pi_prox = pi_theta (decoupled) or behav
                 prox_logp = logp.detach() if a.decoupled else m.behav_logp
             terms = policy_terms(a.objective, logp, prox_logp, m.behav_logp, m.advantages, eps_clip=a.eps_clip,
                                  eps_clip_high=a.eps_clip_high, cap=a.behav_imp_weight_cap,
@@ -168,7 +171,7 @@ def train_step(backend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_len
             clock(None)
             with torch.no_grad():
                 mk = m.mask
-                sums[j] += torch.tensor([
+                sums[s_i] += torch.tensor([
                     float(loss), float((terms.loss * w).sum()), float((kl * mk).sum()), float((entropy * mk).sum()),
                     float((terms.clipped * mk).sum()), float((terms.capped * mk).sum()),
                     float((terms.behav_weight * mk).sum()), float((terms.ratio * mk).sum()), float(mk.sum()),
@@ -181,17 +184,20 @@ def train_step(backend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_len
     per = backend.all_reduce_sum(sums)
     s = dict(zip(STAT_KEYS, per.sum(0).tolist(), strict=True))
     n = max(s["loss_tokens"], 1.0)
-    k = len(minis)
+    k = len(passes)
     loss_col, clip_col, tok_col = (STAT_KEYS.index(x) for x in ("loss", "clip_frac", "loss_tokens"))
     dt = time.perf_counter() - t0
     return {
-        # loss / pg_loss: each minibatch's loss is normalised over its own tokens; their mean over minibatches.
+        # loss / pg_loss: each minibatch's loss is normalised over its own tokens; their mean over the k steps.
         "loss": s["loss"] / k, "pg_loss": s["pg_loss"] / k, "kl": s["kl"] / n, "entropy": s["entropy"] / n,
         "clip_frac": s["clip_frac"] / n, "capped_frac": s["capped_frac"] / n,
         "behav_weight_mean": s["behav_weight"] / n, "ratio_mean": s["ratio"] / n, "adv_abs_mean": s["adv_abs"] / n,
-        "loss_tokens": int(s["loss_tokens"]), "tokens": int(s["tokens"]), "grad_norm": sum(norms) / k,
-        "lr": backend.current_lr(), "micro_batches": sum(len(mb) for mb in minis), "ppo_minibatches": k,
+        # the batch's tokens (each pass counts them once more), and their rate over the whole step
+        "loss_tokens": int(s["loss_tokens"]) // a.ppo_epochs, "tokens": int(s["tokens"]) // a.ppo_epochs,
+        "grad_norm": sum(norms) / k,
+        "lr": backend.current_lr(), "micro_batches": a.ppo_epochs * sum(len(mb) for mb in minis),
+        "ppo_minibatches": len(minis), "ppo_epochs": a.ppo_epochs,
         "minibatch_loss": [float(r[loss_col]) for r in per],
         "minibatch_clip_frac": [float(r[clip_col]) / max(float(r[tok_col]), 1.0) for r in per],
-        "step_time_s": dt, "tokens_per_s": s["tokens"] / dt if dt > 0 else 0.0, "timings": clock.seconds,
+        "step_time_s": dt, "tokens_per_s": s["tokens"] / a.ppo_epochs / dt if dt > 0 else 0.0, "timings": clock.seconds,
     }

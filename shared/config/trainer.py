@@ -69,6 +69,15 @@ class AlgorithmConfig(Section):
         "(eps_clip / eps_clip_high) acts from the second minibatch on; each minibatch's loss is normalised "
         "over its own tokens. Capped at the number of samples.",
     )
+    ppo_epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over each trained batch (the GRPO paper's mu, TRL's num_iterations, verl's ppo_epochs): "
+        "every pass takes one optimizer step per minibatch, so a batch makes ppo_epochs x ppo_minibatches steps, "
+        "all against the one pi_prox from before the first (the clip bounds how far the passes move the policy "
+        "from it). 1 = one pass. > 1 reuses each batch: worth it where groups with a reward spread are scarce "
+        "and the trainer waits for them (docs/algorithms.md, \"PPO epochs\"); it runs the proximal pass.",
+    )
     normalisation: Literal["token", "sequence", "fixed"] = Field(
         "token",
         description="Loss normalisation: token = sum over all loss tokens / their count (DAPO); sequence = "
@@ -115,7 +124,7 @@ class OptimConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 to lr over this many optimizer steps.")
     decay_steps: int = Field(
         0, ge=0, description="Optimizer steps of linear/cosine decay after warmup (0 = schedule.total_steps x "
-        "algorithm.ppo_minibatches, or 1000 if total_steps is 0)."
+        "algorithm.ppo_minibatches x algorithm.ppo_epochs, or 1000 if total_steps is 0)."
     )
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Floor of the decay as a fraction of lr.")
 

@@ -110,3 +110,46 @@ def test_later_minibatches_clip_against_the_proximal_policy_from_before_the_firs
         assert_close(terms.behav_weight[mk], torch.exp(want - behav)[mk], rtol=1e-5, atol=1e-5)
         # ... and not the moved policy's logprobs.
         assert (logp[mk] - prox[mk]).abs().max() > 1e-3
+
+
+def test_epochs_pass_over_the_batch_again_against_the_first_proximal_policy():
+    """ppo_epochs = 2, one minibatch: two optimizer steps on the same batch, both clipped against pi_prox
+    from before the first, the same as doing it by hand."""
+    overrides = ("trainer.optim.lr=5e-2", "trainer.optim.grad_clip=0", "trainer.algorithm.eps_clip=0.02",
+                 "trainer.algorithm.behav_imp_weight_cap=null")
+    backend = _backend(*overrides, "trainer.algorithm.ppo_epochs=2")
+    stats = train_step(backend, _items(), backend.cfg.trainer)
+    assert stats["ppo_epochs"] == 2 and stats["ppo_minibatches"] == 1 and len(stats["minibatch_loss"]) == 2
+    first, second = stats["minibatch_clip_frac"]
+    assert first == 0.0 and second > 0.0, "the second pass's ratio is against the policy before the first"
+    assert stats["loss_tokens"] == sum(int(it.loss_mask.sum()) for it in _items()), "tokens count once"
+
+    ref = _backend(*overrides)
+    cfg, a = ref.cfg, ref.cfg.trainer.algorithm
+    items = _items()
+    assign_coefficients(items, cfg.trainer, 64)
+    micro = micro_batches_for_rank(items, cfg.trainer.micro_batch_tokens, 0, 1, lambda n: n, ref.shared_prompts)
+    with torch.no_grad():
+        prox = [ref.forward(m)[0] for m in micro]
+    for _ in range(2):
+        ref.zero_grad()
+        for m, p in zip(micro, prox, strict=True):
+            logp, _ = ref.forward(m, grad=True)
+            terms = decoupled_ppo_terms(logp, p, m.behav_logp, m.advantages, a.eps_clip, a.eps_clip_high,
+                                        a.behav_imp_weight_cap, a.behav_imp_weight_mode)
+            ref.backward((terms.loss * m.mask * m.coef).sum())
+        ref.clip_and_step(0)
+    for (k, v), (_, w) in zip(backend.model.state_dict().items(), ref.model.state_dict().items(), strict=True):
+        assert_close(v, w, rtol=1e-5, atol=1e-6, msg=f"{k} differs")
+
+    once = _backend(*overrides)
+    train_step(once, _items(), once.cfg.trainer)
+    assert any(not torch.allclose(v, once.model.state_dict()[k]) for k, v in backend.model.state_dict().items()), \
+        "the second pass moved nothing"
+
+
+def test_the_lr_schedule_counts_every_pass():
+    cfg = load_config(JetrlConfig, None, ["trainer.optim.lr_schedule=linear", "trainer.optim.min_lr_ratio=0",
+                                          "trainer.algorithm.ppo_minibatches=2", "trainer.algorithm.ppo_epochs=3"])
+    f = step.lr_lambda(cfg.trainer, total_steps=10)
+    assert f(0) == pytest.approx(1.0) and f(30) == pytest.approx(0.5) and f(60) == pytest.approx(0.0)

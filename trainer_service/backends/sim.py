@@ -44,7 +44,7 @@ class SimBackend(FSDPBackend):
             "loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "capped_frac": 0.0,
             "behav_weight_mean": 1.0, "ratio_mean": 1.0, "adv_abs_mean": 0.0,
             "loss_tokens": sum(it.num_loss_tokens for it in items), "tokens": tokens, "grad_norm": 0.0,
-            "lr": self.current_lr(), "micro_batches": 0, "ppo_minibatches": 1, "minibatch_loss": [0.0],
+            "lr": self.current_lr(), "micro_batches": 0, "ppo_minibatches": 1, "ppo_epochs": 1, "minibatch_loss": [0.0],
             "minibatch_clip_frac": [0.0], "step_time_s": dt,
             "tokens_per_s": tokens / dt if dt > 0 else 0.0, "simulated": 1, "simulated_cost_s": cost,
             "timings": {},  # no forward / backward / optimizer: the trainer charges the sleep to train_other
