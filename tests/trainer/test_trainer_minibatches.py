@@ -38,11 +38,16 @@ def _backend(*overrides: str) -> FSDPBackend:
 
 def _old_single_step(backend: FSDPBackend, items, cfg) -> None:
     """The update before ppo_minibatches existed: a no-grad proximal pass, then one optimizer step."""
-    a = cfg.trainer.algorithm
     assign_coefficients(items, cfg.trainer, 64)
     micro = micro_batches_for_rank(items, cfg.trainer.micro_batch_tokens, 0, 1, lambda n: n, backend.shared_prompts)
     with torch.no_grad():
         prox = [backend.forward(m)[0] for m in micro]
+    _step_by_hand(backend, micro, prox, cfg)
+
+
+def _step_by_hand(backend: FSDPBackend, micro, prox, cfg) -> None:
+    """One optimizer step of decoupled PPO over `micro` against the proximal logprobs `prox`."""
+    a = cfg.trainer.algorithm
     backend.zero_grad()
     for m, p in zip(micro, prox, strict=True):
         logp, _ = backend.forward(m, grad=True)
@@ -125,20 +130,14 @@ def test_epochs_pass_over_the_batch_again_against_the_first_proximal_policy():
     assert stats["loss_tokens"] == sum(int(it.loss_mask.sum()) for it in _items()), "tokens count once"
 
     ref = _backend(*overrides)
-    cfg, a = ref.cfg, ref.cfg.trainer.algorithm
+    cfg = ref.cfg
     items = _items()
     assign_coefficients(items, cfg.trainer, 64)
     micro = micro_batches_for_rank(items, cfg.trainer.micro_batch_tokens, 0, 1, lambda n: n, ref.shared_prompts)
     with torch.no_grad():
         prox = [ref.forward(m)[0] for m in micro]
     for _ in range(2):
-        ref.zero_grad()
-        for m, p in zip(micro, prox, strict=True):
-            logp, _ = ref.forward(m, grad=True)
-            terms = decoupled_ppo_terms(logp, p, m.behav_logp, m.advantages, a.eps_clip, a.eps_clip_high,
-                                        a.behav_imp_weight_cap, a.behav_imp_weight_mode)
-            ref.backward((terms.loss * m.mask * m.coef).sum())
-        ref.clip_and_step(0)
+        _step_by_hand(ref, micro, prox, cfg)  # grad_clip 0 in overrides
     for (k, v), (_, w) in zip(backend.model.state_dict().items(), ref.model.state_dict().items(), strict=True):
         assert_close(v, w, rtol=1e-5, atol=1e-6, msg=f"{k} differs")
 
