@@ -514,10 +514,11 @@ class Trainer:
         return self._stop.is_set() or (total > 0 and self.step >= total)
 
     def _may_cut_batches(self) -> bool:
-        """Whether a batch may be trained short after schedule.batch_wait_s (the intake checks that it is on). Not in a run's last (max_staleness
-        + 1) x publish_every steps: there the controller's total_steps cap binds (admission_bound: the window
-        reaches it exactly then, whatever `short`), it has released what the remaining steps train in full
-        batches, and a step cut short would leave groups in flight that no step trains."""
+        """Whether a batch may be trained short after schedule.batch_wait_s (the intake checks that it is on).
+        Not in a run's last (max_staleness + 1) x publish_every steps: there the controller's total_steps cap
+        binds (admission_bound: the window reaches it exactly then, whatever `short`), it has released what
+        the remaining steps train in full batches, and a step cut short would leave groups in flight that no
+        step trains."""
         s = self.cfg.schedule
         window = (s.max_staleness + 1) * self.cfg.trainer.publish_every
         return s.total_steps == 0 or self.step < s.total_steps - window

@@ -132,16 +132,16 @@ def train_step(backend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_len
                       micro_batches_for_rank(part, cfg.micro_batch_tokens, backend.rank, backend.world_size,
                                              backend.all_reduce_max, getattr(backend, "shared_prompts", False))])
     prox: list[list[torch.Tensor]] | None = None
-    passes = [(e, j) for e in range(a.ppo_epochs) for j in range(len(minis))]  # one optimizer step each
+    order = list(range(len(minis))) * a.ppo_epochs  # the minibatch of each optimizer step
     # `reinforce` (no correction) never reads pi_prox: no proximal pass for it.
-    if a.decoupled and len(passes) > 1 and a.objective != "reinforce":
+    if a.decoupled and len(order) > 1 and a.objective != "reinforce":
         clock("forward")
         with torch.no_grad():
             prox = [[backend.forward(m, which="policy", entropy=False)[0].detach() for m in micro] for micro in minis]
         clock(None)
-    sums = torch.zeros(len(passes), len(STAT_KEYS), dtype=torch.float64)
+    sums = torch.zeros(len(order), len(STAT_KEYS), dtype=torch.float64)
     norms = []
-    for s_i, (_, j) in enumerate(passes):
+    for s_i, j in enumerate(order):
         micro = minis[j]
         backend.zero_grad()
         for i, m in enumerate(micro):
@@ -184,7 +184,7 @@ def train_step(backend, items: Sequence[TrainItem], cfg: TrainerConfig, norm_len
     per = backend.all_reduce_sum(sums)
     s = dict(zip(STAT_KEYS, per.sum(0).tolist(), strict=True))
     n = max(s["loss_tokens"], 1.0)
-    k = len(passes)
+    k = len(order)
     loss_col, clip_col, tok_col = (STAT_KEYS.index(x) for x in ("loss", "clip_frac", "loss_tokens"))
     dt = time.perf_counter() - t0
     return {

@@ -36,25 +36,27 @@ def _backend(*overrides: str) -> FSDPBackend:
                                                         *overrides]))
 
 
-def _old_single_step(backend: FSDPBackend, items, cfg) -> None:
-    """The update before ppo_minibatches existed: a no-grad proximal pass, then one optimizer step."""
+def _steps_by_hand(backend: FSDPBackend, items, cfg, steps: int = 1) -> None:
+    """The update before ppo_minibatches existed (steps = 1): a no-grad proximal pass, then one optimizer
+    step of decoupled PPO over the whole batch; steps > 1 repeats the step against the same pi_prox."""
+    a = cfg.trainer.algorithm
     assign_coefficients(items, cfg.trainer, 64)
     micro = micro_batches_for_rank(items, cfg.trainer.micro_batch_tokens, 0, 1, lambda n: n, backend.shared_prompts)
     with torch.no_grad():
         prox = [backend.forward(m)[0] for m in micro]
-    _step_by_hand(backend, micro, prox, cfg)
+    for _ in range(steps):
+        backend.zero_grad()
+        for m, p in zip(micro, prox, strict=True):
+            logp, _ = backend.forward(m, grad=True)
+            terms = decoupled_ppo_terms(logp, p, m.behav_logp, m.advantages, a.eps_clip, a.eps_clip_high,
+                                        a.behav_imp_weight_cap, a.behav_imp_weight_mode)
+            backend.backward((terms.loss * m.mask * m.coef).sum())
+        backend.clip_and_step(cfg.trainer.optim.grad_clip)
 
 
-def _step_by_hand(backend: FSDPBackend, micro, prox, cfg) -> None:
-    """One optimizer step of decoupled PPO over `micro` against the proximal logprobs `prox`."""
-    a = cfg.trainer.algorithm
-    backend.zero_grad()
-    for m, p in zip(micro, prox, strict=True):
-        logp, _ = backend.forward(m, grad=True)
-        terms = decoupled_ppo_terms(logp, p, m.behav_logp, m.advantages, a.eps_clip, a.eps_clip_high,
-                                    a.behav_imp_weight_cap, a.behav_imp_weight_mode)
-        backend.backward((terms.loss * m.mask * m.coef).sum())
-    backend.clip_and_step(cfg.trainer.optim.grad_clip)
+def _assert_same_weights(x: FSDPBackend, y: FSDPBackend) -> None:
+    for (k, v), (_, w) in zip(x.model.state_dict().items(), y.model.state_dict().items(), strict=True):
+        assert_close(v, w, rtol=1e-5, atol=1e-6, msg=f"{k} differs")
 
 
 def test_minibatch_split_is_contiguous_balanced_and_capped():
@@ -74,9 +76,8 @@ def test_one_minibatch_is_the_old_update_without_a_proximal_pass():
     assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == pytest.approx(1.0)
 
     old = _backend("trainer.optim.lr=1e-2")
-    _old_single_step(old, _items(), old.cfg)
-    for (k, v), (_, w) in zip(new.model.state_dict().items(), old.model.state_dict().items(), strict=True):
-        assert_close(v, w, rtol=1e-5, atol=1e-6, msg=f"{k} differs")
+    _steps_by_hand(old, _items(), old.cfg)
+    _assert_same_weights(new, old)
     init = _backend().model.state_dict()
     assert any(not torch.allclose(v, new.model.state_dict()[k]) for k, v in init.items()), "the step moved nothing"
 
@@ -130,16 +131,8 @@ def test_epochs_pass_over_the_batch_again_against_the_first_proximal_policy():
     assert stats["loss_tokens"] == sum(int(it.loss_mask.sum()) for it in _items()), "tokens count once"
 
     ref = _backend(*overrides)
-    cfg = ref.cfg
-    items = _items()
-    assign_coefficients(items, cfg.trainer, 64)
-    micro = micro_batches_for_rank(items, cfg.trainer.micro_batch_tokens, 0, 1, lambda n: n, ref.shared_prompts)
-    with torch.no_grad():
-        prox = [ref.forward(m)[0] for m in micro]
-    for _ in range(2):
-        _step_by_hand(ref, micro, prox, cfg)  # grad_clip 0 in overrides
-    for (k, v), (_, w) in zip(backend.model.state_dict().items(), ref.model.state_dict().items(), strict=True):
-        assert_close(v, w, rtol=1e-5, atol=1e-6, msg=f"{k} differs")
+    _steps_by_hand(ref, _items(), ref.cfg, steps=2)
+    _assert_same_weights(backend, ref)
 
     once = _backend(*overrides)
     train_step(once, _items(), once.cfg.trainer)
